@@ -1,0 +1,93 @@
+"""``switchyard backend start|stop|status``: the local llama.cpp backend.
+
+Mounted by ``serving/cli.py``, which puts an object satisfying `GatewayCliEnv` in the
+Typer context.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Protocol
+
+import typer
+
+from gateway.errors import GatewayError
+from gateway.local import start_backend, status_backend, stop_backend
+from gateway.registry import Backend, load_registry
+from gateway.settings import GatewaySettings
+
+__all__ = ["GatewayCliEnv", "backend_app"]
+
+
+class GatewayCliEnv(Protocol):
+    """What these commands need from the composition root."""
+
+    def gateway_settings(self) -> GatewaySettings: ...
+
+    def data_dir(self) -> Path: ...
+
+
+backend_app = typer.Typer(help="Manage the local llama.cpp model backend.", no_args_is_help=True)
+
+BackendArg = Annotated[
+    str | None, typer.Argument(help="Backend id from the model registry (default: every managed backend).")
+]
+
+
+def _managed(env: GatewayCliEnv, backend_id: str | None) -> list[Backend]:
+    registry = load_registry(env.gateway_settings().models_file)
+    if backend_id is not None:
+        if backend_id not in registry.backends:
+            raise GatewayError(f"unknown backend {backend_id!r}; known: {', '.join(registry.backends)}")
+        backend = registry.backends[backend_id]
+        if backend.launch is None:
+            raise GatewayError(f"backend {backend_id!r} has no launch section: Switchyard does not manage it")
+        return [backend]
+    managed = [b for b in registry.backends.values() if b.launch is not None]
+    if not managed:
+        raise GatewayError("the model registry has no backend that Switchyard launches")
+    return managed
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    return typer.Exit(1)
+
+
+@backend_app.command("start")
+def start(ctx: typer.Context, backend_id: BackendArg = None) -> None:
+    """Start the backend (if not already answering) and wait until it is ready."""
+    env: GatewayCliEnv = ctx.obj
+    try:
+        for backend in _managed(env, backend_id):
+            typer.echo(f"starting {backend.id} at {backend.root_url} ...")
+            status = start_backend(backend, env.data_dir(), llama_server=env.gateway_settings().llama_server)
+            typer.echo(status.describe())
+    except GatewayError as exc:
+        raise _fail(exc) from None
+
+
+@backend_app.command("stop")
+def stop(ctx: typer.Context, backend_id: BackendArg = None) -> None:
+    """Stop the backend started from this data directory."""
+    env: GatewayCliEnv = ctx.obj
+    try:
+        for backend in _managed(env, backend_id):
+            stopped = stop_backend(backend, env.data_dir())
+            typer.echo(f"{backend.id}: {'stopped' if stopped else 'was not running'}")
+    except GatewayError as exc:
+        raise _fail(exc) from None
+
+
+@backend_app.command("status")
+def status(ctx: typer.Context, backend_id: BackendArg = None) -> None:
+    """Show whether the backend runs and is ready. Exits 1 if any is not ready."""
+    env: GatewayCliEnv = ctx.obj
+    try:
+        results = [status_backend(b, env.data_dir()) for b in _managed(env, backend_id)]
+    except GatewayError as exc:
+        raise _fail(exc) from None
+    for result in results:
+        typer.echo(result.describe())
+    if not all(r.healthy for r in results):
+        raise typer.Exit(1)

