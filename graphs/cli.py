@@ -1,0 +1,159 @@
+"""``switchyard graphs list|draw|new`` and ``switchyard ask``.
+
+Mounted by ``serving/cli.py``, which puts an object satisfying `GraphsCliEnv` in the
+Typer context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.resources
+import os
+import re
+import sys
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager, aclosing
+from pathlib import Path
+from typing import Annotated, Protocol
+
+import typer
+from langchain_core.messages import HumanMessage
+
+from graphs.context import RunContext
+from graphs.errors import GraphError
+from graphs.events import Finish, TextDelta, message_events
+from graphs.registry import GraphRegistry, GraphSpec
+
+__all__ = ["GraphsCliEnv", "ask", "graphs_app", "scaffold_graph"]
+
+
+class GraphsCliEnv(Protocol):
+    """What these commands need from the composition root."""
+
+    def graph_specs(self) -> Mapping[str, GraphSpec]: ...
+
+    def open_graphs(self) -> AbstractAsyncContextManager[GraphRegistry]:
+        """Build the registry (and the gateway behind it); close both on exit."""
+        ...
+
+
+graphs_app = typer.Typer(help="List, draw and scaffold graphs.", no_args_is_help=True)
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    return typer.Exit(1)
+
+
+@graphs_app.command("list")
+def list_graphs(ctx: typer.Context) -> None:
+    """The registered graphs: id, model alias, path, description."""
+    env: GraphsCliEnv = ctx.obj
+    for graph_id, spec in env.graph_specs().items():
+        typer.echo(f"{graph_id}\tmodel={spec.model}\t{spec.path}\t{spec.description}")
+
+
+@graphs_app.command("draw")
+def draw(ctx: typer.Context, graph_id: Annotated[str, typer.Argument(help="A registered graph id.")]) -> None:
+    """Print the graph as Mermaid text."""
+    env: GraphsCliEnv = ctx.obj
+
+    async def render() -> str:
+        async with env.open_graphs() as registry:
+            return registry.get(graph_id).graph.get_graph().draw_mermaid()
+
+    try:
+        typer.echo(asyncio.run(render()))
+    except GraphError as exc:
+        raise _fail(exc) from None
+
+
+def scaffold_graph(name: str, directory: Path) -> tuple[Path, Path, str]:
+    """Write ``directory/name.py`` (a graph builder) and ``directory/test_name.py``.
+
+    Returns:
+        The two files and the ``path`` value to register (relative to the cwd when
+        the directory is under it).
+
+    Raises:
+        GraphError: a bad name, or a file that already exists (nothing is overwritten).
+    """
+    if not _NAME.match(name):
+        raise GraphError(f"graph name {name!r}: use lowercase letters, digits and '_', starting with a letter")
+    module = directory / f"{name}.py"
+    test = directory / f"test_{name}.py"
+    for path in (module, test):
+        if path.exists():
+            raise GraphError(f"{path} already exists; not overwriting it")
+    try:
+        shown = module.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        shown = module.resolve()
+    graph_path = f"{shown}:make_graph"
+    templates = importlib.resources.files("graphs").joinpath("templates")
+    fields = {"name": name, "graph_path": graph_path, "test_path": str(test)}
+    directory.mkdir(parents=True, exist_ok=True)
+    module.write_text(templates.joinpath("graph.py.tmpl").read_text().format(**fields))
+    test.write_text(templates.joinpath("test_graph.py.tmpl").read_text().format(**fields))
+    return module, test, graph_path
+
+
+@graphs_app.command("new")
+def new(
+    name: Annotated[str, typer.Argument(help="Graph id and module name, e.g. summarize.")],
+    directory: Annotated[Path, typer.Option("--dir", help="Where to write the module and its test.")] = Path(
+        "my_graphs"
+    ),
+) -> None:
+    """Scaffold a graph module and its test, and print the config entry to add."""
+    try:
+        module, test, graph_path = scaffold_graph(name, directory)
+    except GraphError as exc:
+        raise _fail(exc) from None
+    typer.echo(f"wrote {module}\nwrote {test}\n")
+    typer.echo("Register it in config/switchyard.yaml under `graphs:`:\n")
+    typer.echo(f"  {name}:\n    path: {graph_path}\n    model: chat-default\n")
+    typer.echo(f"Then: switchyard ask {name} \"Hello\"   and   pytest {test}")
+
+
+def ask(
+    ctx: typer.Context,
+    graph_id: Annotated[str, typer.Argument(help="A registered graph id, e.g. chat.")],
+    question: Annotated[str, typer.Argument(help="The question.")],
+    max_tokens: Annotated[int, typer.Option(help="Cap on the answer's tokens.")] = 256,
+) -> None:
+    """Ask a graph a question; the answer streams to the terminal."""
+    env: GraphsCliEnv = ctx.obj
+
+    async def run() -> Finish | None:
+        async with env.open_graphs() as registry:
+            graph = registry.get(graph_id).graph
+            stream = graph.astream(
+                {"messages": [HumanMessage(question)]},
+                context=RunContext(request_id=f"cli-{os.getpid()}", model_params={"max_tokens": max_tokens}),
+                stream_mode=["messages"],
+                version="v2",
+            )
+            finish = None
+            async with aclosing(message_events(stream)) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        sys.stdout.write(event.text)
+                        sys.stdout.flush()
+                    elif isinstance(event, Finish):
+                        finish = event
+            sys.stdout.write("\n")
+            return finish
+
+    try:
+        finish = asyncio.run(run())
+    except Exception as exc:  # boundary: report any failure as one line, exit 1
+        raise _fail(exc) from None
+    if finish is not None:
+        typer.secho(
+            f"[{finish.reason}; {finish.prompt_tokens} prompt + {finish.completion_tokens} completion tokens]",
+            fg=typer.colors.BRIGHT_BLACK,
+            err=True,
+        )

@@ -1,0 +1,22 @@
+"""Per-run facts that ride in the LangGraph run ``context`` (never in globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunContext"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunContext:
+    """What one run needs to know about the request that started it.
+
+    Graph nodes read it as ``runtime.context`` (``Runtime[RunContext]``).
+    """
+
+    request_id: str = ""
+    """The ``x-request-id`` of the HTTP request (or CLI invocation); goes into logs."""
+    model_params: dict[str, Any] = field(default_factory=dict)
+    """Sampling parameters from the request (``temperature``, ``max_tokens``, ``stop``,
+    ``top_p``, ``seed``...), bound onto the model call with ``.bind(**model_params)``."""
