@@ -1,0 +1,82 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` builds nothing at import time: the lifespan loads the model
+registry and the graphs once, keeps them on ``app.state``, and closes the connection
+pools on shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from serving.errors import install_error_handlers
+from serving.observability import RequestIdMiddleware, ServingMetrics
+from serving.openai.router import router as openai_router
+from serving.openai.service import ChatCompletionService
+from serving.platform import Platform
+from serving.settings import Settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, *, platform: Platform | None = None) -> FastAPI:
+    """Build the app.
+
+    Args:
+        settings: the loaded settings.
+        platform: an already-built platform (tests); default: built in the lifespan.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        built = platform or Platform.build(settings)
+        metrics = ServingMetrics()
+        app.state.platform = built
+        app.state.metrics = metrics
+        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics)
+        log.info(
+            "serving graphs %s and model aliases %s",
+            ", ".join(built.graphs.ids()),
+            ", ".join(built.gateway.registry.aliases),
+        )
+        try:
+            yield
+        finally:
+            await built.aclose()
+
+    app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(RequestIdMiddleware)
+    install_error_handlers(app)
+    app.include_router(openai_router)
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict[str, str]:
+        """The process is alive (it may not be ready)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz() -> JSONResponse:
+        """200 once every backend the graphs call answers its health check; else 503
+        with each backend's reason (still loading, refused...)."""
+        built: Platform = app.state.platform
+        results = await built.gateway.probe(built.graph_backends())
+        backends = {r.backend_id: r.reason for r in results}
+        ready = all(r.ready for r in results)
+        return JSONResponse(
+            {"status": "ready" if ready else "not ready", "backends": backends}, status_code=200 if ready else 503
+        )
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics() -> Response:
+        """Prometheus metrics of this server."""
+        return Response(generate_latest(app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,133 @@
+"""The one place where errors become HTTP responses.
+
+On ``/v1/*`` every error has the OpenAI shape ``{"error": {"message", "type", "param",
+"code"}}`` with the status a client can act on. Nothing returns a bare 500 with a
+stack trace: unexpected errors are logged with the request id and answered with a
+generic message that names it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway import BackendResponseError, BackendUnavailableError, CapabilityError, GatewayError, UnknownModelError
+from graphs import GraphError, UnknownGraphError
+from serving.observability import REQUEST_ID_HEADER, current_request_id
+from serving.openai.protocol import ErrorBody, ErrorResponse
+
+__all__ = ["ApiError", "error_body", "install_error_handlers", "to_api_error"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiError:
+    """An error as the API reports it."""
+
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class RequestError(Exception):
+    """A request the service refuses (400) for a reason the schema cannot express."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        self.param = param
+        self.code = code
+        super().__init__(message)
+
+
+def to_api_error(exc: BaseException) -> ApiError:
+    """Map an exception to its status and OpenAI error fields."""
+    if isinstance(exc, (UnknownModelError, UnknownGraphError)):
+        return ApiError(status=404, message=str(exc), type="invalid_request_error", param="model", code="model_not_found")
+    if isinstance(exc, CapabilityError):
+        return ApiError(status=400, message=str(exc), type="invalid_request_error", param=exc.param, code="unsupported_capability")
+    if isinstance(exc, RequestError):
+        return ApiError(status=400, message=str(exc), type="invalid_request_error", param=exc.param, code=exc.code)
+    if isinstance(exc, BackendUnavailableError):
+        return ApiError(status=503, message=str(exc), type="backend_unavailable", code="backend_unavailable")
+    if isinstance(exc, BackendResponseError):
+        if 400 <= exc.status < 500 and exc.status not in (401, 403, 429):
+            # The backend refused the request itself (e.g. prompt longer than the context).
+            return ApiError(status=400, message=str(exc), type="invalid_request_error", code="backend_rejected")
+        return ApiError(status=502, message=str(exc), type="backend_error", code="backend_error")
+    if isinstance(exc, GraphError):
+        return ApiError(status=500, message=str(exc), type="graph_error", code="graph_error")
+    log.error("unhandled error", exc_info=exc)
+    return ApiError(
+        status=500,
+        message=f"internal error; quote request id {current_request_id()} when reporting it",
+        type="internal_error",
+        code="internal_error",
+    )
+
+
+def error_body(error: ApiError) -> ErrorResponse:
+    return ErrorResponse(error=ErrorBody(message=error.message, type=error.type, param=error.param, code=error.code))
+
+
+def _response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(error).model_dump(), status_code=error.status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    problems = []
+    first_param = None
+    for item in exc.errors():
+        loc = [str(p) for p in item["loc"] if p != "body"]
+        param = ".".join(loc) or None
+        first_param = first_param or param
+        problems.append(f"{param or 'body'}: {item['msg']}")
+    return "; ".join(problems), first_param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every error into the OpenAI shape."""
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        message, param = _validation_message(exc)
+        return _response(ApiError(status=400, message=message, type="invalid_request_error", param=param, code="invalid_value"))
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(
+            error_body(ApiError(status=exc.status_code, message=str(exc.detail), type=kind)).model_dump(),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    async def on_domain_error(_: Request, exc: Exception) -> JSONResponse:
+        return _response(to_api_error(exc))
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Runs in Starlette's outermost middleware, outside the request-id middleware:
+        # take the id from the scope, where that middleware left it.
+        request_id = str(request.scope.get("state", {}).get("request_id", "-"))
+        log.error("unhandled error [%s]", request_id, exc_info=exc)
+        error = ApiError(
+            status=500,
+            message=f"internal error; quote request id {request_id} when reporting it",
+            type="internal_error",
+            code="internal_error",
+        )
+        response = _response(error)
+        response.headers[REQUEST_ID_HEADER] = request_id
+        return response
+
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    for domain in (GatewayError, GraphError, RequestError):
+        app.add_exception_handler(domain, on_domain_error)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,125 @@
+"""Request ids, structured logs and Prometheus metrics for the server.
+
+Every request gets an ``x-request-id`` (the client's, if it sent a sane one, else a
+new one). It is echoed on the response, kept in a context variable for the duration
+of the request, and stamped on every log record emitted while handling it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = [
+    "REQUEST_ID_HEADER",
+    "RequestIdMiddleware",
+    "ServingMetrics",
+    "configure_logging",
+    "current_request_id",
+]
+
+REQUEST_ID_HEADER = "x-request-id"
+_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("switchyard_request_id", default="-")
+_SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def current_request_id() -> str:
+    """The request id of the request being handled (``-`` outside a request)."""
+    return _REQUEST_ID.get()
+
+
+class RequestIdMiddleware:
+    """Pure ASGI middleware (no response buffering, so streams and disconnects pass
+    through untouched) that assigns the request id and echoes it as a header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = ""
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                candidate = value.decode("latin-1")
+                if _SANE_ID.match(candidate):
+                    request_id = candidate
+                break
+        if not request_id:
+            request_id = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        token = _REQUEST_ID.set(request_id)
+        header = (b"x-request-id", request_id.encode("latin-1"))
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            _REQUEST_ID.reset(token)
+
+
+class _RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = _REQUEST_ID.get()
+        return True
+
+
+def configure_logging(level: str, log_file: str | None = None) -> None:
+    """Log lines with time, level, logger, request id and message, to stderr and,
+    if given, to a file under the data directory."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        handler.addFilter(_RequestIdFilter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, "_switchyard", False):
+            root.removeHandler(old)
+    for handler in handlers:
+        handler._switchyard = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(level)
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+class ServingMetrics:
+    """The server's Prometheus metrics, in a registry of its own (one per app, so
+    several apps in one process, as in tests, do not collide)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.runs_in_flight = Gauge(
+            "switchyard_runs_in_flight", "Chat runs being generated now.", registry=self.registry
+        )
+        self.runs = Counter(
+            "switchyard_runs", "Chat runs by target kind and outcome.", ["kind", "outcome"], registry=self.registry
+        )
+        self.time_to_first_token = Histogram(
+            "switchyard_time_to_first_token_seconds",
+            "From request to the first answer event.",
+            ["kind"],
+            buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )

@@ -1,0 +1,187 @@
+"""Wire models of the OpenAI chat-completions protocol (the subset Switchyard serves).
+
+Requests accept unknown fields (newer clients send more than we know) and the service
+logs them; responses are exactly the OpenAI shapes, which the official ``openai``
+client parses in the tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+__all__ = [
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "Choice",
+    "ChunkChoice",
+    "Delta",
+    "ErrorBody",
+    "ErrorResponse",
+    "ModelCard",
+    "ModelList",
+    "ResponseMessage",
+    "StreamOptions",
+    "Usage",
+]
+
+# Sampling fields a graph run forwards to its model call (through the run context).
+SAMPLING_FIELDS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "response_format")
+
+
+class OpenAIBaseModel(BaseModel):
+    """Base of request models: unknown fields are kept (and logged by the service)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ChatMessage(OpenAIBaseModel):
+    """One message of the conversation sent by the client."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    """Text, or content parts (``[{"type": "text", "text": ...}]``)."""
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """On assistant messages: the calls the model made earlier."""
+    tool_call_id: str | None = None
+    """On tool messages: which call this answers."""
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool = False
+    """Send a last chunk with empty ``choices`` and the ``usage`` (Switchyard always
+    puts usage on its last chunk; this only adds the separate OpenAI-style chunk)."""
+
+
+class ChatCompletionRequest(OpenAIBaseModel):
+    """``POST /v1/chat/completions``."""
+
+    model: str
+    """A graph id (``chat``) or a model alias (``chat-default``), as ``GET /v1/models`` lists."""
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(default=1, ge=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+
+    def completion_limit(self) -> int | None:
+        """``max_completion_tokens``, or the legacy ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def sampling_params(self) -> dict[str, Any]:
+        """The parameters a graph binds onto its model call."""
+        params = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+        if (limit := self.completion_limit()) is not None:
+            params["max_tokens"] = limit
+        return params
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    """A whole (non-streamed) answer."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage | None = None
+
+
+class Delta(BaseModel):
+    """What a chunk adds to the answer; only the fields it carries are sent."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One streamed piece of an answer."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    """Only on the last chunk (omitted elsewhere)."""
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_usage(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("usage") is None:
+            data.pop("usage", None)
+        return data
+
+
+class ModelCard(BaseModel):
+    """An entry of ``GET /v1/models``: a graph or a model alias."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str
+    """``switchyard-graph`` for graphs, ``switchyard-alias`` for model aliases."""
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The OpenAI error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorBody

@@ -1,0 +1,68 @@
+"""Routes of the OpenAI-compatible API; the work is in `ChatCompletionService`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from sse_starlette import EventSourceResponse
+
+from serving.deps import ChatServiceDep, RequestIdDep
+from serving.errors import error_body, to_api_error
+from serving.openai.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelList
+
+__all__ = ["router"]
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 404, 502, 503)
+}
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(service: ChatServiceDep) -> ModelList:
+    """Graphs and model aliases; each id is a valid ``model`` for chat completions."""
+    return service.models()
+
+
+async def _after_first(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
+    # Headers are sent once the first payload is out: from then on an error can only
+    # be reported in-band, as a final error event followed by [DONE].
+    try:
+        yield first
+        async for payload in rest:
+            yield payload
+    except Exception as exc:
+        error = to_api_error(exc)
+        log.warning("stream failed after it started: %s", error.message)
+        yield error_body(error).model_dump_json()
+        yield "[DONE]"
+    finally:
+        await rest.aclose()
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
+async def chat_completions(
+    body: ChatCompletionRequest, service: ChatServiceDep, request_id: RequestIdDep, request: Request
+) -> Any:
+    """Run a graph, or relay to a model alias; ``stream: true`` answers over SSE."""
+    log.info("chat completion model=%s stream=%s messages=%d", body.model, body.stream, len(body.messages))
+    if not body.stream:
+        return await service.complete(body, request_id)
+    stream = service.stream(body, request_id)
+    try:
+        # Pull the first payload before answering, so a bad request or a backend that
+        # is down becomes a JSON error with its real status, not a 200 stream.
+        first = await anext(stream)
+    except BaseException:
+        await stream.aclose()
+        raise
+    return EventSourceResponse(
+        _after_first(first, stream),
+        ping=request.app.state.platform.settings.server.keepalive_s,
+    )

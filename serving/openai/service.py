@@ -1,0 +1,247 @@
+"""The chat-completions service: one request in, one answer or a chunk stream out.
+
+``model`` names either a graph (the request runs through LangGraph and its events are
+encoded as chunks) or a model alias (the request is relayed through the gateway to
+the alias's backend). Both paths produce the same chunk stream shape: role in the
+first chunk, ``finish_reason`` and ``usage`` in the last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from langchain_core.messages import convert_to_messages
+
+from gateway import ModelGateway
+from graphs import Finish, GraphRegistry, RunContext, TextDelta, ToolCallDelta, message_events
+from serving._tasks import detached
+from serving.errors import RequestError
+from serving.observability import ServingMetrics
+from serving.openai.protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    Delta,
+    ModelCard,
+    ModelList,
+    ResponseMessage,
+    Usage,
+)
+
+__all__ = ["ChatCompletionService"]
+
+log = logging.getLogger(__name__)
+
+
+def _usage(prompt: int, completion: int) -> Usage:
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+class _ChunkEncoder:
+    """Encodes one stream's chunks. Content deltas, the hot path, reuse a JSON
+    template rendered once from the pydantic model."""
+
+    def __init__(self, completion_id: str, created: int, model: str) -> None:
+        self.completion_id, self.created, self.model = completion_id, created, model
+        marker = "\x00"
+        template = self.chunk(Delta(content=marker)).model_dump_json()
+        self._before, self._after = template.split('"\\u0000"')
+
+    def chunk(self, delta: Delta, finish_reason: str | None = None, usage: Usage | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
+            usage=usage,
+        )
+
+    def content(self, text: str) -> str:
+        return self._before + json.dumps(text) + self._after
+
+
+class ChatCompletionService:
+    """Serves ``/v1/chat/completions`` and ``/v1/models`` from the platform's graphs
+    and model aliases."""
+
+    def __init__(self, gateway: ModelGateway, graphs: GraphRegistry, metrics: ServingMetrics) -> None:
+        self._gateway = gateway
+        self._graphs = graphs
+        self._metrics = metrics
+
+    def models(self) -> ModelList:
+        """Graphs first, then model aliases; each is a valid ``model`` value."""
+        cards = [ModelCard(id=g, owned_by="switchyard-graph") for g in self._graphs.ids()]
+        cards += [ModelCard(id=a, owned_by="switchyard-alias") for a in self._gateway.registry.aliases]
+        return ModelList(data=cards)
+
+    def _check(self, request: ChatCompletionRequest) -> str:
+        if request.model_extra:
+            log.info("ignoring unknown request fields: %s", ", ".join(sorted(request.model_extra)))
+        if request.n != 1:
+            raise RequestError("only n=1 is supported", param="n")
+        if request.model in self._graphs:
+            if request.tools:
+                raise RequestError(
+                    f"graph {request.model!r} brings its own tools; send client tools to a model alias instead",
+                    param="tools",
+                )
+            spec = self._graphs.get(request.model).spec
+            self._gateway.check_capabilities(self._gateway.backend(spec.model), request.model_dump(exclude_none=True))
+            return "graph"
+        self._gateway.backend(request.model)  # raises UnknownModelError naming what exists
+        return "alias"
+
+    # ---- streaming -------------------------------------------------------------------
+
+    async def stream(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
+        """The SSE ``data:`` payloads of a streamed answer, ending with ``[DONE]``.
+
+        Raises before yielding anything if the request is invalid or the backend is
+        down (callers turn that into a JSON error with its status); after the first
+        payload, errors are the caller's to encode as a final error event.
+        """
+        kind = self._check(request)
+        events = self._graph_chunks(request, request_id) if kind == "graph" else self._alias_chunks(request)
+        started = time.perf_counter()
+        self._metrics.runs_in_flight.inc()
+        outcome = "error"
+        try:
+            async with aclosing(events) as chunks:
+                first = True
+                async for payload in chunks:
+                    if first:
+                        self._metrics.time_to_first_token.labels(kind).observe(time.perf_counter() - started)
+                        first = False
+                    yield payload
+            outcome = "ok"
+            yield "[DONE]"
+        except BaseException as exc:
+            outcome = "cancelled" if not isinstance(exc, Exception) else "error"
+            raise
+        finally:
+            self._metrics.runs_in_flight.dec()
+            self._metrics.runs.labels(kind, outcome).inc()
+
+    async def _graph_chunks(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
+        encoder = _ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.model)
+        graph = self._graphs.get(request.model).graph
+        messages = convert_to_messages([m.model_dump(exclude_none=True) for m in request.messages])
+        stream = graph.astream(
+            {"messages": messages},
+            context=RunContext(request_id=request_id, model_params=request.sampling_params()),
+            stream_mode=["messages"],
+            version="v2",
+        )
+        role_sent = False
+        async with aclosing(detached(message_events(stream))) as events:
+            async for event in events:
+                if not role_sent:
+                    yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
+                    role_sent = True
+                if isinstance(event, TextDelta):
+                    yield encoder.content(event.text)
+                elif isinstance(event, ToolCallDelta):
+                    call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
+                    if event.id:
+                        call.update(id=event.id, type="function")
+                    if event.name:
+                        call["function"]["name"] = event.name
+                    yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
+                elif isinstance(event, Finish):
+                    usage = _usage(event.prompt_tokens, event.completion_tokens)
+                    yield encoder.chunk(Delta(), finish_reason=event.reason, usage=usage).model_dump_json()
+                    if request.stream_options and request.stream_options.include_usage:
+                        last = ChatCompletionChunk(
+                            id=encoder.completion_id, created=encoder.created, model=encoder.model, choices=[], usage=usage
+                        )
+                        yield last.model_dump_json()
+
+    async def _alias_chunks(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
+        body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        # The gateway always asks the backend for a usage-only chunk at the end. The
+        # chunk carrying finish_reason is held back until it arrives, so the last
+        # chunk has both; the OpenAI-style usage chunk follows if the client asked.
+        held: dict[str, Any] | None = None
+        async with aclosing(self._gateway.stream_chat(request.model, body)) as chunks:
+            async for chunk in chunks:
+                choices = chunk.get("choices")
+                if not choices:
+                    if held is not None:
+                        held["usage"] = chunk.get("usage")
+                        yield json.dumps(held)
+                        held = None
+                    if include_usage:
+                        yield json.dumps(chunk)
+                    continue
+                if held is not None:
+                    yield json.dumps(held)
+                    held = None
+                if any(choice.get("finish_reason") for choice in choices):
+                    held = chunk
+                    continue
+                yield json.dumps(chunk)
+        if held is not None:
+            yield json.dumps(held)
+
+    # ---- whole answers ---------------------------------------------------------------
+
+    async def complete(self, request: ChatCompletionRequest, request_id: str) -> ChatCompletion | dict[str, Any]:
+        """A whole answer (``stream: false``)."""
+        kind = self._check(request)
+        self._metrics.runs_in_flight.inc()
+        outcome = "error"
+        try:
+            if kind == "alias":
+                body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
+                answer = await self._gateway.complete_chat(request.model, body)
+            else:
+                answer = await self._complete_graph(request, request_id)
+            outcome = "ok"
+            return answer
+        finally:
+            self._metrics.runs_in_flight.dec()
+            self._metrics.runs.labels(kind, outcome).inc()
+
+    async def _complete_graph(self, request: ChatCompletionRequest, request_id: str) -> ChatCompletion:
+        graph = self._graphs.get(request.model).graph
+        messages = convert_to_messages([m.model_dump(exclude_none=True) for m in request.messages])
+        stream = graph.astream(
+            {"messages": messages},
+            context=RunContext(request_id=request_id, model_params=request.sampling_params()),
+            stream_mode=["messages"],
+            version="v2",
+        )
+        text: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        finish = Finish(reason="stop", prompt_tokens=0, completion_tokens=0)
+        async with aclosing(message_events(stream)) as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    text.append(event.text)
+                elif isinstance(event, ToolCallDelta):
+                    call = calls.setdefault(
+                        event.index, {"id": event.id, "type": "function", "function": {"name": event.name, "arguments": ""}}
+                    )
+                    call["id"] = call["id"] or event.id
+                    call["function"]["name"] = call["function"]["name"] or event.name
+                    call["function"]["arguments"] += event.arguments
+                elif isinstance(event, Finish):
+                    finish = event
+        message = ResponseMessage(content="".join(text) or None, tool_calls=[calls[i] for i in sorted(calls)] or None)
+        return ChatCompletion(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=request.model,
+            choices=[Choice(message=message, finish_reason=finish.reason)],
+            usage=_usage(finish.prompt_tokens, finish.completion_tokens),
+        )

@@ -1,0 +1,44 @@
+"""The composition root's object graph: settings -> gateway -> graphs.
+
+Built once by the server's lifespan, by CLI commands and by test fixtures; never at
+import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway import ModelGateway, load_registry
+from graphs import GraphRegistry
+from serving.settings import Settings
+
+__all__ = ["Platform"]
+
+
+@dataclass(slots=True, kw_only=True)
+class Platform:
+    """Long-lived clients and registries shared by every request."""
+
+    settings: Settings
+    gateway: ModelGateway
+    graphs: GraphRegistry
+
+    @classmethod
+    def build(cls, settings: Settings) -> Platform:
+        """Load the model registry and every configured graph.
+
+        Raises:
+            RegistryError: the model registry is invalid.
+            GraphLoadError: a graph cannot be imported or built.
+        """
+        gateway = ModelGateway(load_registry(settings.gateway.models_file), probe_timeout_s=settings.gateway.probe_timeout_s)
+        graphs = GraphRegistry.load(settings.graphs, gateway)
+        return cls(settings=settings, gateway=gateway, graphs=graphs)
+
+    def graph_backends(self) -> list[str]:
+        """Ids of the backends the registered graphs call (what readiness waits for)."""
+        ids = {self.gateway.backend(g.spec.model).id for g in self.graphs}
+        return sorted(ids)
+
+    async def aclose(self) -> None:
+        await self.gateway.aclose()

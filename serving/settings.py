@@ -1,0 +1,146 @@
+"""Settings: ``config/switchyard.yaml`` plus ``SWITCHYARD_*`` environment overrides.
+
+Each package owns its section's model (``gateway.GatewaySettings``,
+``graphs.GraphSpec`` entries); this module, part of the composition root, assembles
+them. Precedence, highest first: explicit overrides (CLI flags), environment
+(``SWITCHYARD_SERVER__PORT=9000``, nested keys joined by ``__``), the YAML file,
+defaults. Nothing is built at import time: `load_settings` is called by the CLI, the
+app factory's caller, and test fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gateway import GatewaySettings
+from graphs import GraphSpec
+
+__all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings"]
+
+DEFAULT_CONFIG = Path("config/switchyard.yaml")
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names each bad key.
+
+    Attributes:
+        source: the YAML file (or ``"defaults"``) the settings were read from.
+        problems: one ``"key.path: message"`` line per problem.
+    """
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"invalid configuration ({source}): " + "; ".join(problems))
+
+
+class ServerSettings(BaseModel):
+    """The ``server`` section: the HTTP listener."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    """Interface to bind; loopback by default."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    dev: bool = False
+    """Local single-user mode (``serve --dev``). Later: API keys are required unless set."""
+    keepalive_s: float = Field(default=15.0, gt=0)
+    """Interval of SSE keepalive comments on idle streams."""
+
+
+def _default_graphs() -> dict[str, GraphSpec]:
+    return {
+        "chat": GraphSpec(
+            path="graphs.chat:make_graph",
+            model="chat-default",
+            description="Chat with the default model; answers stream token by token.",
+        )
+    }
+
+
+class Settings(BaseSettings):
+    """All of Switchyard's settings."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SWITCHYARD_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    data_dir: Path = Path("data")
+    """Every piece of local state: databases, logs, pid files (``SWITCHYARD_DATA_DIR``).
+    Two servers with different data directories and ports run side by side."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    server: ServerSettings = ServerSettings()
+    gateway: GatewaySettings = GatewaySettings()
+    graphs: dict[str, GraphSpec] = Field(default_factory=_default_graphs)
+    """Graph id -> entry. Replaces the defaults when given in the YAML file."""
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(str(path), ["file not found"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), ["the top level must be a mapping of sections"])
+    return data
+
+
+def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
+    """Read the settings.
+
+    Args:
+        config_file: the YAML file; default ``$SWITCHYARD_CONFIG``, else
+            ``config/switchyard.yaml`` if it exists, else defaults only.
+        **overrides: highest-precedence values (CLI flags), nested as dicts.
+
+    Raises:
+        ConfigError: an unknown key, a bad value or an unreadable file, naming each
+            key (``server.port: Input should be ...``).
+    """
+    if config_file is None and os.environ.get("SWITCHYARD_CONFIG"):
+        config_file = os.environ["SWITCHYARD_CONFIG"]
+    if config_file is None and DEFAULT_CONFIG.is_file():
+        config_file = DEFAULT_CONFIG
+    source = str(config_file) if config_file is not None else "defaults"
+    data = _read_yaml(Path(config_file)) if config_file is not None else {}
+
+    class _Loaded(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return init_settings, env_settings, _YamlSource(settings_cls, data)
+
+    try:
+        return _Loaded(**overrides)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(source, problems) from None
