@@ -1,0 +1,178 @@
+"""Fixtures that start real local services: the llama.cpp model server, a scripted
+failure backend, and Switchyard itself as a subprocess on free loopback ports.
+
+A service that fails to start fails the tests that need it; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from gateway import Backend, load_registry
+from gateway.local import start_backend, stop_backend
+from tests.fakes.openai_backend import free_port, run_fake_backend
+
+REPO = Path(__file__).resolve().parents[1]
+SWITCHYARD = Path(sys.executable).with_name("switchyard")
+
+
+@pytest.fixture(scope="session")
+def local_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    """The real llama-server with SmolLM2, on a free port, for the whole session."""
+    port = free_port()
+    os.environ["SWITCHYARD_LOCAL_BACKEND_PORT"] = str(port)
+    backend = load_registry(REPO / "config/models.yaml").backends["local"]
+    data_dir = tmp_path_factory.mktemp("backend-data")
+    start_backend(backend, data_dir)
+    try:
+        yield backend
+    finally:
+        stop_backend(backend, data_dir)
+
+
+@pytest.fixture(scope="session")
+def fake_backend_url() -> Iterator[str]:
+    """FAKE scripted backend for failure injection (see tests/fakes)."""
+    with run_fake_backend() as url:
+        yield url
+
+
+def _fake(url: str, served: str) -> dict[str, object]:
+    return {
+        "kind": "vllm",
+        "base_url": url,
+        "model": served,
+        "timeouts": {"connect_s": 2, "read_s": 10},
+        "capabilities": {"context_window": 4096, "tools": True, "json_schema": True},
+    }
+
+
+def write_models_file(path: Path, local: Backend | None, fake_url: str, *, chat_default: str = "local") -> Path:
+    """A registry with the real local backend, the fake's behaviours and a dead port."""
+    source = yaml.safe_load((REPO / "config/models.yaml").read_text())
+    backends: dict[str, object] = {
+        "fake-ok": _fake(fake_url, "fake-ok"),
+        "fake-break": _fake(fake_url, "fake-break"),
+        "fake-500": _fake(fake_url, "fake-500"),
+        "down": {**_fake(f"http://127.0.0.1:{free_port()}/v1", "nothing"), "timeouts": {"connect_s": 1, "read_s": 2}},
+    }
+    if local is not None:
+        backends["local"] = {**source["backends"]["local"], "base_url": local.base_url}
+    aliases = {name: name for name in ("fake-ok", "fake-break", "fake-500", "down")}
+    aliases["chat-default"] = chat_default
+    path.write_text(yaml.safe_dump({"backends": backends, "aliases": aliases}))
+    return path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerHandle:
+    url: str
+    process: subprocess.Popen[bytes]
+    data_dir: Path
+    config: Path
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "logs" / "switchyard.log"
+
+
+def start_server(
+    tmp: Path, config: dict[str, object], *, wait_ready: bool = True, cwd: Path = REPO, env: dict[str, str] | None = None
+) -> ServerHandle:
+    """Run ``switchyard serve`` with ``config`` on a free port; wait for /readyz
+    (or only /healthz)."""
+    port = free_port()
+    data_dir = tmp / "data"
+    config_file = tmp / "switchyard.yaml"
+    config_file.write_text(yaml.safe_dump({"data_dir": str(data_dir), **config}))
+    output = (tmp / "server.out").open("wb")
+    process = subprocess.Popen(
+        [str(SWITCHYARD), "serve", "--config", str(config_file), "--port", str(port), "--dev"],
+        cwd=cwd,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    probe = "/readyz" if wait_ready else "/healthz"
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"switchyard serve exited {process.returncode}:\n{(tmp / 'server.out').read_text()}")
+        try:
+            if httpx.get(url + probe, timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"switchyard serve not ready:\n{(tmp / 'server.out').read_text()}")
+        time.sleep(0.1)
+    return ServerHandle(url=url, process=process, data_dir=data_dir, config=config_file)
+
+
+def stop_server(handle: ServerHandle) -> None:
+    handle.process.terminate()
+    try:
+        handle.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        handle.process.kill()
+        handle.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, local_backend: Backend, fake_backend_url: str
+) -> Iterator[ServerHandle]:
+    """Switchyard over the real local model, plus graphs wired to the fake's failures."""
+    tmp = tmp_path_factory.mktemp("server")
+    models = write_models_file(tmp / "models.yaml", local_backend, fake_backend_url)
+    handle = start_server(
+        tmp,
+        {
+            "gateway": {"models_file": str(models)},
+            "graphs": {
+                "chat": {"path": "graphs.chat:make_graph", "model": "chat-default"},
+                "chat-broken": {"path": "graphs.chat:make_graph", "model": "fake-break"},
+                "chat-failing": {"path": "graphs.chat:make_graph", "model": "fake-500"},
+            },
+        },
+    )
+    try:
+        yield handle
+    finally:
+        stop_server(handle)
+
+
+@pytest.fixture(scope="session")
+def down_server(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -> Iterator[ServerHandle]:
+    """Switchyard whose graphs' backend is a closed port: never ready."""
+    tmp = tmp_path_factory.mktemp("down-server")
+    models = write_models_file(tmp / "models.yaml", None, fake_backend_url, chat_default="down")
+    handle = start_server(
+        tmp,
+        {"gateway": {"models_file": str(models)}, "graphs": {"chat": {"path": "graphs.chat:make_graph", "model": "chat-default"}}},
+        wait_ready=False,
+    )
+    try:
+        yield handle
+    finally:
+        stop_server(handle)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Iterator[Path]:
+    """A temporary project directory, removed afterwards."""
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -1,0 +1,106 @@
+"""FAKE OpenAI-compatible backend, for failure injection only.
+
+STYLE.md allows one kind of model fake: a scripted backend that does on demand what a
+real model server cannot be made to do (break a stream, answer 5xx). Every graph is
+also tested against the real local model. The behaviour is picked by the request's
+``model`` (the served name in the test registry):
+
+- ``fake-ok``: streams "Hello from the fake" with usage, or answers it whole.
+- ``fake-break``: streams three content chunks, then drops the connection.
+- ``fake-500``: answers 500 with an OpenAI-shaped error body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+WORDS = ["Hello", " from", " the", " fake"]
+
+
+def _chunk(model: str, delta: dict[str, object], finish: str | None = None) -> str:
+    body = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return f"data: {json.dumps(body)}\n\n"
+
+
+class _DropConnection(Exception):
+    pass
+
+
+async def chat(request: Request) -> Response:
+    body = await request.json()
+    model = body.get("model", "")
+    if model == "fake-500":
+        return JSONResponse({"error": {"message": "scripted failure", "type": "server_error"}}, status_code=500)
+    if not body.get("stream"):
+        return JSONResponse(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(WORDS)}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
+            }
+        )
+
+    async def events() -> AsyncIterator[str]:
+        yield _chunk(model, {"role": "assistant", "content": ""})
+        for i, word in enumerate(WORDS):
+            if model == "fake-break" and i == 3:
+                await asyncio.sleep(0.05)
+                raise _DropConnection
+            yield _chunk(model, {"content": word})
+        yield _chunk(model, {}, "stop")
+        usage = {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+        yield "data: " + json.dumps({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [], "usage": usage}) + "\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def health(_: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def run_fake_backend() -> Iterator[str]:
+    """Serve the fake on a free loopback port in a thread; yields its ``/v1`` URL."""
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health", health)])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("fake backend did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
