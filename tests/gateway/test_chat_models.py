@@ -1,0 +1,87 @@
+"""Chat models from the gateway against the real llama.cpp backend: tool-call plumbing,
+schema-constrained output, and the llama.cpp quirks the gateway absorbs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.tools import tool
+
+from gateway import Backend, ModelGateway, load_registry
+from gateway.chat import LlamaCppChatModel
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.llm]
+
+
+@tool
+def get_weather(city: str) -> str:
+    """Get the current weather for a city."""
+    return f"sunny in {city}"
+
+
+@tool
+def get_time(zone: str) -> str:
+    """Get the current time in a time zone."""
+    return "12:00"
+
+
+@pytest.fixture
+async def gateway(local_backend: Backend) -> AsyncIterator[ModelGateway]:
+    gw = ModelGateway(load_registry(REPO / "config/models.yaml"))
+    yield gw
+    await gw.aclose()
+
+
+async def test_the_local_alias_gets_the_llamacpp_model(gateway: ModelGateway) -> None:
+    assert isinstance(gateway.chat_model("chat-default"), LlamaCppChatModel)
+    assert gateway.chat_model("chat-default") is gateway.chat_model("chat-default")  # shared, built once
+
+
+# SmolLM2 calls tools reliably only after examples of calls (measured: 0/5 zero-shot,
+# 6/6 with this layout); the tests are about the plumbing, not the model's judgement.
+FEW_SHOT = [
+    SystemMessage("You answer by calling one of the tools."),
+    HumanMessage("What's the weather in London?"),
+    AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "London"}, "id": "call_1"}]),
+    HumanMessage("What's the weather in Tokyo?"),
+    AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Tokyo"}, "id": "call_2"}]),
+]
+
+
+async def test_tool_calls_come_back_in_openai_shape(gateway: ModelGateway) -> None:
+    model = gateway.chat_model("chat-default").bind_tools([get_weather, get_time])
+    answer = await model.ainvoke([*FEW_SHOT, HumanMessage("What's the weather in Paris?")], max_tokens=64, temperature=0)
+    assert [call["name"] for call in answer.tool_calls] == ["get_weather"]
+    assert answer.tool_calls[0]["args"] == {"city": "Paris"}
+    assert answer.response_metadata["finish_reason"] == "tool_calls"
+
+
+async def test_forcing_a_named_tool_works_on_llamacpp(gateway: ModelGateway) -> None:
+    # llama.cpp ignores tool_choice {type: function, name} (it falls back to "auto");
+    # the gateway sends "required" with only the named tool offered, so the grammar
+    # admits that tool alone, even when the question and the examples point at another
+    # one (without the rewrite this answer is get_weather: checked).
+    model = gateway.chat_model("chat-default").bind_tools([get_weather, get_time], tool_choice="get_time")
+    answer = await model.ainvoke([*FEW_SHOT, HumanMessage("What's the weather in Paris?")], max_tokens=64, temperature=0)
+    assert [call["name"] for call in answer.tool_calls] == ["get_time"]
+
+
+async def test_schema_constrained_output_is_valid_json(gateway: ModelGateway) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    model = gateway.chat_model("chat-default").bind(
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}},
+        max_tokens=64,
+        temperature=0,
+    )
+    answer = await model.ainvoke([HumanMessage("Name the capital of France and its country, as JSON.")])
+    parsed = json.loads(answer.content)
+    assert set(parsed) == {"city", "country"} and all(isinstance(v, str) for v in parsed.values())
