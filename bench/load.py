@@ -1,0 +1,915 @@
+"""Streaming load test for Switchyard against a scripted backend floor.
+
+Modes:
+    ``floor``       start ``scripted_backend.py`` and load it directly (the floor).
+    ``switchyard``  start the scripted backend and ``switchyard serve`` in front of it, then load
+                    ``model: "chat"`` (LangGraph chat graph) and ``model: "chat-default"`` (alias
+                    passthrough) through Switchyard, sampling its CPU per level.
+    ``all``         (default) floor, then switchyard; print deltas vs floor.
+    ``url``         load an already running server (``--base-url``, ``--model``).
+
+Each level runs ``concurrency`` closed-loop workers over a bounded number of requests, with a
+hard time cap. Results print as a markdown table and are written to ``bench/results/``.
+
+Usage::
+
+    .venv/bin/python bench/load.py [--mode all] [--levels 1,10,50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+from urllib.parse import urlsplit
+
+import httpx
+
+__all__ = ["LoadOptions", "Target", "main"]
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+DEFAULT_SWITCHYARD_BIN = REPO_ROOT / ".venv" / "bin" / "switchyard"
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+Mode = Literal["floor", "switchyard", "all", "url"]
+ClientKind = Literal["raw", "httpx"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Targets:
+    """Pass/fail thresholds, checked at ``concurrency`` streams."""
+
+    concurrency: int = 50
+    """Level at which the targets apply."""
+    added_ttft_p50_ms: float = 60.0
+    """Max TTFT p50 added over the floor."""
+    added_ttft_p95_ms: float = 150.0
+    """Max TTFT p95 added over the floor."""
+    throughput_ratio: float = 0.8
+    """Min completed-requests/s relative to the floor."""
+    server_cpu_ms_per_req: float = 15.0
+    """Max Switchyard CPU per request (stated for 64-token completions)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadOptions:
+    """How each level is driven."""
+
+    levels: tuple[int, ...]
+    """Concurrency levels, in order."""
+    requests_per_level: int | None
+    """Requests per level; ``None`` means 30 at c=1 and 200 otherwise."""
+    level_timeout_s: float
+    """Hard cap on a level's duration; unfinished requests are cancelled and reported."""
+    request_timeout_s: float
+    """Cap on one request."""
+    ramp_s: float
+    """Worker start times are spread over this window so arrivals are not one burst."""
+    warmup: int
+    """Unrecorded sequential requests per target before its first level."""
+    tokens: int
+    """``max_tokens`` sent with each request."""
+    client: ClientKind
+    """``raw`` asyncio HTTP/1.1 client (default) or ``httpx.AsyncClient``."""
+    api_key: str | None
+    """Bearer token sent when set."""
+
+    def requests_for(self, concurrency: int) -> int:
+        """Requests to send at ``concurrency``."""
+        if self.requests_per_level is not None:
+            return self.requests_per_level
+        return 30 if concurrency == 1 else 200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """One thing to load: a base URL plus a model name."""
+
+    label: str
+    """Name used in tables and JSON."""
+    base_url: str
+    """OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1``."""
+    model: str
+    """``model`` field of each request."""
+    server_pid: int | None = None
+    """Process (tree) whose CPU is charged to the server column."""
+    backend_pid: int | None = None
+    """Scripted backend process, sampled separately when it is not the server."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestResult:
+    """Outcome of one streamed request; times in seconds from sending it."""
+
+    ok: bool
+    latency_s: float
+    ttft_s: float | None
+    tokens: int
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- SSE parsing
+
+
+class _StreamAccumulator:
+    """Incremental, cheap parser for an OpenAI ``chat.completion.chunk`` SSE body.
+
+    Only ``data:`` lines are looked at (both ``\\n`` and ``\\r\\n`` line ends work); each is
+    one JSON chunk, which is all OpenAI-compatible servers send.
+    """
+
+    __slots__ = ("_buf", "t_first", "t_done", "chunks", "usage_tokens", "error")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.t_first: float | None = None
+        self.t_done: float | None = None
+        self.chunks = 0
+        self.usage_tokens: int | None = None
+        self.error: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        """Consume a piece of the body."""
+        buf = self._buf + data if self._buf else data
+        start = 0
+        while (nl := buf.find(b"\n", start)) >= 0:
+            line = buf[start:nl]
+            start = nl + 1
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip())
+        self._buf = buf[start:]
+
+    def _event(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self.t_done = time.perf_counter()
+            return
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            self.error = self.error or "bad_json"
+            return
+        if "error" in obj:
+            self.error = self.error or "error_event"
+            return
+        choices = obj.get("choices")
+        if choices and (choices[0].get("delta") or {}).get("content"):
+            self.chunks += 1
+            if self.t_first is None:
+                self.t_first = time.perf_counter()
+        usage = obj.get("usage")
+        if usage:
+            self.usage_tokens = usage.get("completion_tokens")
+
+
+# --------------------------------------------------------------------------- clients
+
+
+class _SSEClientProtocol(asyncio.Protocol):
+    """Response decoder driven straight from ``data_received``.
+
+    No task wakes up per chunk: framing and SSE parsing run in the protocol callback and only
+    the finished response resolves a future. This keeps the load generator, which shares the
+    cores with the servers under test, at a few ms of CPU per 64-token stream.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buf = b""
+        self._state = "idle"
+        self._acc: _StreamAccumulator | None = None
+        self._future: asyncio.Future[int] | None = None
+        self._status = 0
+        self._remaining = 0
+        self._close_after = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def send(self, request: bytes, acc: _StreamAccumulator) -> asyncio.Future[int]:
+        """Write ``request``; the future resolves to the status once the body is read."""
+        assert self.transport is not None
+        self._acc = acc
+        self._future = asyncio.get_running_loop().create_future()
+        self._state = "head"
+        self._buf = b""
+        self.transport.write(request)
+        return self._future
+
+    def data_received(self, data: bytes) -> None:
+        self._buf = self._buf + data if self._buf else data
+        if self._acc is None:
+            return
+        try:
+            self._advance()
+        except ValueError as exc:  # malformed framing: fail this request, drop the connection
+            if self._future is not None and not self._future.done():
+                self._future.set_exception(exc)
+            self._acc = None
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self._future is not None and not self._future.done():
+            if self._state == "until_eof":
+                assert self._acc is not None
+                self._acc.feed(self._buf)
+                self._future.set_result(self._status)
+            else:
+                self._future.set_exception(ConnectionResetError("connection closed mid-response"))
+
+    def _advance(self) -> None:
+        assert self._acc is not None
+        buf, pos, acc = self._buf, 0, self._acc
+        while True:
+            if self._state == "chunk_size":
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    break
+                self._remaining = int(buf[pos:nl].split(b";", 1)[0], 16)
+                pos = nl + 2
+                self._state = "chunk_data" if self._remaining else "trailer"
+            elif self._state == "chunk_data":
+                end = pos + self._remaining
+                if len(buf) < end + 2:
+                    break
+                acc.feed(buf[pos:end])
+                pos = end + 2
+                self._state = "chunk_size"
+            elif self._state == "head":
+                end = buf.find(b"\r\n\r\n", pos)
+                if end < 0:
+                    break
+                self._start_body(buf[pos:end])
+                pos = end + 4
+            elif self._state == "trailer":  # trailer lines up to an empty one
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    break
+                empty = end == pos
+                pos = end + 2
+                if empty:
+                    self._finish()
+                    break
+            elif self._state == "length":
+                if len(buf) - pos < self._remaining:
+                    break
+                acc.feed(buf[pos:pos + self._remaining])
+                pos += self._remaining
+                self._finish()
+                break
+            else:  # "until_eof" (body is fed on connection_lost) or "idle"
+                break
+        self._buf = buf[pos:]
+
+    def _start_body(self, head: bytes) -> None:
+        self._status = int(head[9:12])
+        headers: dict[bytes, bytes] = {}
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().lower()
+        self._close_after = headers.get(b"connection") == b"close"
+        if headers.get(b"transfer-encoding") == b"chunked":
+            self._state = "chunk_size"
+        elif b"content-length" in headers:
+            self._state = "length"
+            self._remaining = int(headers[b"content-length"])
+        else:
+            self._state = "until_eof"
+
+    def _finish(self) -> None:
+        self._state = "idle"
+        self._acc = None
+        if self._future is not None and not self._future.done():
+            self._future.set_result(self._status)
+        if self._close_after and self.transport is not None:
+            self.transport.close()
+
+
+class _RawConnection:
+    """One keep-alive HTTP/1.1 connection with just enough client to POST and read SSE.
+
+    httpx (httpcore + h11, pure Python) costs over twice the client CPU per SSE chunk, and the
+    load generator shares the cores with the servers, so that cost would read as server latency.
+    """
+
+    def __init__(self, target: Target, body: bytes, api_key: str | None) -> None:
+        url = urlsplit(target.base_url)
+        if url.scheme != "http" or url.hostname is None:
+            raise ValueError(f"raw client needs an http:// URL, got {target.base_url}")
+        self._host = url.hostname
+        self._port = url.port or 80
+        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+        self._request = (
+            f"POST {url.path.rstrip('/')}/chat/completions HTTP/1.1\r\n"
+            f"Host: {self._host}:{self._port}\r\nContent-Type: application/json\r\n"
+            f"Accept: text/event-stream\r\n{auth}Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        self._protocol: _SSEClientProtocol | None = None
+
+    async def connect(self) -> None:
+        """Open the connection if it is not open."""
+        if self._protocol is None or self._protocol.transport is None:
+            _, self._protocol = await asyncio.get_running_loop().create_connection(
+                _SSEClientProtocol, self._host, self._port)
+
+    def close(self) -> None:
+        """Drop the connection; the next request reconnects."""
+        if self._protocol is not None and self._protocol.transport is not None:
+            self._protocol.transport.close()
+        self._protocol = None
+
+    async def stream(self, acc: _StreamAccumulator) -> int:
+        """Send the request, feed the body to ``acc``, return the HTTP status."""
+        await self.connect()
+        assert self._protocol is not None
+        return await self._protocol.send(self._request, acc)
+
+
+class _HttpxConnection:
+    """Same interface over a shared ``httpx.AsyncClient`` (for comparison with raw)."""
+
+    def __init__(self, client: httpx.AsyncClient, target: Target, body: bytes,
+                 api_key: str | None) -> None:
+        self._client = client
+        self._url = target.base_url.rstrip("/") + "/chat/completions"
+        self._body = body
+        self._headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+
+    async def connect(self) -> None:
+        """The pool connects lazily."""
+
+    def close(self) -> None:
+        """The pool owns connections."""
+
+    async def stream(self, acc: _StreamAccumulator) -> int:
+        """Send the request, feed the body to ``acc``, return the HTTP status."""
+        async with self._client.stream("POST", self._url, content=self._body,
+                                       headers=self._headers) as response:
+            async for data in response.aiter_raw():
+                acc.feed(data)
+            return response.status_code
+
+
+_Connection = _RawConnection | _HttpxConnection
+
+
+async def _one_request(conn: _Connection, timeout_s: float) -> RequestResult:
+    """Run one streamed completion and classify it."""
+    acc = _StreamAccumulator()
+    t0 = time.perf_counter()
+    error: str | None = None
+    status = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            status = await conn.stream(acc)
+    except TimeoutError:
+        error = "timeout"
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
+            httpx.HTTPError) as exc:
+        error = type(exc).__name__
+    if error is not None:
+        conn.close()
+    end = time.perf_counter()
+    error = error or (f"http_{status}" if status != 200 else None) or acc.error
+    if error is None and acc.t_done is None:
+        error = "no_done"
+    if error is None and acc.chunks == 0:
+        error = "no_content"
+    return RequestResult(
+        ok=error is None,
+        latency_s=(acc.t_done or end) - t0,
+        ttft_s=acc.t_first - t0 if acc.t_first is not None else None,
+        tokens=acc.usage_tokens if acc.usage_tokens is not None else acc.chunks,
+        error=error,
+    )
+
+
+def _request_body(model: str, tokens: int) -> bytes:
+    return json.dumps({
+        "model": model,
+        "messages": [{"role": "user", "content": "Write a short paragraph about load testing."}],
+        "stream": True,
+        "max_tokens": tokens,
+        "stream_options": {"include_usage": True},
+    }).encode()
+
+
+# --------------------------------------------------------------------------- CPU sampling
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime+stime of one process, in seconds (0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU of ``root`` and its live descendants (covers a reloader or worker parent)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += _proc_cpu_s(pid)
+        stack.extend(children.get(pid, ()))
+    return total
+
+
+def _self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# --------------------------------------------------------------------------- levels
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile ``q`` in [0, 100]."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
+async def run_level(target: Target, concurrency: int, opts: LoadOptions) -> dict[str, Any]:
+    """Drive one concurrency level against ``target`` and summarise it."""
+    n_requests = opts.requests_for(concurrency)
+    body = _request_body(target.model, opts.tokens)
+    results: list[RequestResult] = []
+    remaining = n_requests
+    async with contextlib.AsyncExitStack() as stack:
+        conns: list[_Connection]
+        if opts.client == "httpx":
+            client = await stack.enter_async_context(httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=concurrency,
+                                    max_keepalive_connections=concurrency),
+                timeout=opts.request_timeout_s))
+            conns = [_HttpxConnection(client, target, body, opts.api_key)
+                     for _ in range(concurrency)]
+        else:
+            conns = [_RawConnection(target, body, opts.api_key) for _ in range(concurrency)]
+            stack.callback(lambda: [c.close() for c in conns])
+        # Connect up front so the first round does not pay for it; a failure here is
+        # recorded by the requests themselves.
+        await asyncio.gather(*(c.connect() for c in conns), return_exceptions=True)
+
+        async def worker(index: int, conn: _Connection) -> None:
+            nonlocal remaining
+            await asyncio.sleep(opts.ramp_s * index / concurrency)
+            while remaining > 0:
+                remaining -= 1
+                results.append(await _one_request(conn, opts.request_timeout_s))
+
+        cpu0 = _sample_cpu(target)
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(worker(i, c)) for i, c in enumerate(conns)]
+        _, pending = await asyncio.wait(tasks, timeout=opts.level_timeout_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        wall = time.perf_counter() - t0
+        cpu1 = _sample_cpu(target)
+    return _summarise(concurrency, n_requests, results, wall, bool(pending),
+                      {k: cpu1[k] - cpu0[k] for k in cpu0})
+
+
+def _host_busy_s() -> float:
+    """Busy CPU time of the whole host (all cores), from ``/proc/stat``."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / _CLK_TCK
+
+
+def _sample_cpu(target: Target) -> dict[str, float]:
+    sample = {"client": _self_cpu_s(), "host": _host_busy_s()}
+    if target.server_pid is not None:
+        sample["server"] = _tree_cpu_s(target.server_pid)
+    if target.backend_pid is not None:
+        sample["backend"] = _tree_cpu_s(target.backend_pid)
+    return sample
+
+
+def _summarise(concurrency: int, n_requests: int, results: list[RequestResult], wall: float,
+               capped: bool, cpu: dict[str, float]) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    latencies = [r.latency_s for r in ok]
+    tokens = sum(r.tokens for r in ok)
+    done = max(len(results), 1)
+    summary: dict[str, Any] = {
+        "concurrency": concurrency,
+        "requests": n_requests,
+        "ok": len(ok),
+        "errors": len(results) - len(ok),
+        "error_kinds": dict(Counter(r.error for r in results if r.error)),
+        "unfinished": n_requests - len(results),
+        "capped": capped,
+        "wall_s": round(wall, 3),
+        "ttft_p50_ms": _ms(_pct(ttfts, 50)),
+        "ttft_p95_ms": _ms(_pct(ttfts, 95)),
+        "latency_p50_ms": _ms(_pct(latencies, 50)),
+        "latency_p95_ms": _ms(_pct(latencies, 95)),
+        "req_per_s": round(len(ok) / wall, 2),
+        "tok_per_s": round(tokens / wall, 1),
+        "tokens_per_req": round(tokens / len(ok), 1) if ok else 0,
+        "client_cpu_ms_per_req": round(cpu["client"] * 1000 / done, 3),
+        # Cores busy with anything but this harness, its client and its servers: noise.
+        "other_cpu_cores": round(max(0.0, cpu["host"] - cpu["client"] - cpu.get("server", 0.0)
+                                     - cpu.get("backend", 0.0)) / wall, 2),
+    }
+    for name in ("server", "backend"):
+        if name in cpu:
+            summary[f"{name}_cpu_ms_per_req"] = round(cpu[name] * 1000 / done, 3)
+    return summary
+
+
+async def run_target(target: Target, opts: LoadOptions) -> list[dict[str, Any]]:
+    """Warm up, then run every level against ``target``."""
+    if opts.warmup:
+        body = _request_body(target.model, opts.tokens)
+        conn: _Connection
+        async with httpx.AsyncClient(timeout=opts.request_timeout_s) as client:
+            conn = (_HttpxConnection(client, target, body, opts.api_key) if opts.client == "httpx"
+                    else _RawConnection(target, body, opts.api_key))
+            for _ in range(opts.warmup):
+                result = await _one_request(conn, opts.request_timeout_s)
+                if not result.ok:
+                    print(f"  warmup request to {target.label} failed: {result.error}",
+                          file=sys.stderr)
+            conn.close()
+    levels = []
+    for concurrency in opts.levels:
+        level = await run_level(target, concurrency, opts)
+        print(f"  {target.label:<16} c={concurrency:<3} ok={level['ok']}/{level['requests']} "
+              f"ttft p50={level['ttft_p50_ms']} ms p95={level['ttft_p95_ms']} ms "
+              f"req/s={level['req_per_s']} cpu ms/req server={level.get('server_cpu_ms_per_req')} "
+              f"client={level['client_cpu_ms_per_req']} other-load={level['other_cpu_cores']} cores"
+              + (f" errors={level['error_kinds']}" if level["error_kinds"] else "")
+              + ("  [time cap hit]" if level["capped"] else ""),
+              file=sys.stderr, flush=True)
+        levels.append(level)
+    return levels
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ManagedProcess:
+    """A subprocess in its own session, stopped (whole process group) on exit."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self._log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT,
+                                     start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        """Process id (also its process-group id)."""
+        return self.proc.pid
+
+    async def wait_ready(self, url: str, timeout_s: float) -> None:
+        """Poll ``url`` until it answers 200.
+
+        Raises:
+            RuntimeError: the process exited or did not become ready in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
+                                       f"{self.log_tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(url)).status_code == 200:
+                        return
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready at {url} after {timeout_s:g}s:\n"
+                           f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        """Last lines of the process's combined output."""
+        self._log.flush()
+        text = self._log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL it after 10 s."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+def _start_backend(stack: contextlib.ExitStack, workdir: Path, delay_ms: float,
+                   tokens: int) -> tuple[ManagedProcess, int]:
+    port = _free_port()
+    backend = ManagedProcess(
+        "scripted backend",
+        [sys.executable, str(BENCH_DIR / "scripted_backend.py"), "--port", str(port),
+         "--delay-ms", str(delay_ms), "--tokens", str(tokens)],
+        workdir / "backend.log")
+    stack.callback(backend.stop)
+    return backend, port
+
+
+def _write_switchyard_config(workdir: Path, backend_port: int) -> Path:
+    models = workdir / "models.yaml"
+    models.write_text(
+        "backends:\n"
+        "  scripted:\n"
+        "    kind: openai\n"
+        f"    base_url: http://127.0.0.1:{backend_port}/v1\n"
+        "    model: scripted\n"
+        # The registry requires a capability contract per backend; the scripted backend has
+        # no real context limit, tools or JSON mode, so declare only a window.
+        "    capabilities: {context_window: 8192}\n"
+        "aliases:\n"
+        "  chat-default: scripted\n")
+    config = workdir / "switchyard.yaml"
+    config.write_text(f"gateway:\n  models_file: {models}\n")
+    return config
+
+
+def _start_switchyard(stack: contextlib.ExitStack, workdir: Path, binary: Path,
+                      backend_port: int) -> tuple[ManagedProcess, int]:
+    config = _write_switchyard_config(workdir, backend_port)
+    data_dir = workdir / "data"
+    data_dir.mkdir()
+    port = _free_port()
+    env = dict(os.environ, SWITCHYARD_DATA_DIR=str(data_dir))
+    server = ManagedProcess(
+        "switchyard",
+        [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--config", str(config), "--dev"],
+        workdir / "switchyard.log", env=env)
+    stack.callback(server.stop)
+    return server, port
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _deltas(floor: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_c = {level["concurrency"]: level for level in floor}
+    out = []
+    for level in other:
+        base = by_c.get(level["concurrency"])
+        if base is None:
+            continue
+
+        def diff(key: str, level: dict[str, Any] = level,
+                 base: dict[str, Any] = base) -> float | None:
+            if level[key] is None or base[key] is None:
+                return None
+            return round(level[key] - base[key], 2)
+
+        out.append({
+            "concurrency": level["concurrency"],
+            "added_ttft_p50_ms": diff("ttft_p50_ms"),
+            "added_ttft_p95_ms": diff("ttft_p95_ms"),
+            "added_latency_p50_ms": diff("latency_p50_ms"),
+            "throughput_ratio": (round(level["req_per_s"] / base["req_per_s"], 3)
+                                 if base["req_per_s"] else None),
+        })
+    return out
+
+
+def _verdicts(label: str, levels: list[dict[str, Any]], deltas: list[dict[str, Any]],
+              targets: Targets) -> list[str]:
+    level = next((lv for lv in levels if lv["concurrency"] == targets.concurrency), None)
+    delta = next((d for d in deltas if d["concurrency"] == targets.concurrency), None)
+    if level is None or delta is None:
+        return []
+
+    def check(name: str, value: float | None, limit: float, higher_is_better: bool = False,
+              unit: str = " ms") -> str:
+        if value is None:
+            return f"{name} n/a"
+        good = value >= limit if higher_is_better else value <= limit
+        op = ">=" if higher_is_better else "<="
+        return f"{name} {value}{unit} ({op} {limit:g}) {'PASS' if good else 'FAIL'}"
+
+    parts = [
+        check("+TTFT p50", delta["added_ttft_p50_ms"], targets.added_ttft_p50_ms),
+        check("+TTFT p95", delta["added_ttft_p95_ms"], targets.added_ttft_p95_ms),
+        check("throughput", delta["throughput_ratio"], targets.throughput_ratio, True, "x"),
+        check("server CPU", level.get("server_cpu_ms_per_req"), targets.server_cpu_ms_per_req,
+              unit=" ms/req"),
+    ]
+    if level["errors"] or level["unfinished"]:
+        parts.append(f"errors {level['errors']} unfinished {level['unfinished']} FAIL")
+    return [f"- `{label}` @ c={targets.concurrency}: " + "; ".join(parts)]
+
+
+def render_markdown(results: dict[str, Any], targets: Targets) -> str:
+    """Markdown table (one row per target and level) plus target verdicts."""
+    def cell(value: Any) -> str:
+        return "-" if value is None else str(value)
+
+    header = ("| target | c | ok/n | err | TTFT p50 | TTFT p95 | total p50 | total p95 | req/s "
+              "| tok/s | server CPU ms/req | +TTFT p50 | +TTFT p95 | thr ratio |")
+    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    verdicts: list[str] = []
+    for label, run in results["runs"].items():
+        deltas = {d["concurrency"]: d for d in run.get("vs_floor", [])}
+        for lv in run["levels"]:
+            d = deltas.get(lv["concurrency"], {})
+            rows.append("| " + " | ".join(cell(v) for v in (
+                label, lv["concurrency"], f"{lv['ok']}/{lv['requests']}",
+                lv["errors"] + lv["unfinished"], lv["ttft_p50_ms"], lv["ttft_p95_ms"],
+                lv["latency_p50_ms"], lv["latency_p95_ms"], lv["req_per_s"], lv["tok_per_s"],
+                lv.get("server_cpu_ms_per_req"), d.get("added_ttft_p50_ms"),
+                d.get("added_ttft_p95_ms"), d.get("throughput_ratio"))) + " |")
+        if run.get("vs_floor"):
+            verdicts += _verdicts(label, run["levels"], run["vs_floor"], targets)
+    text = "\n".join(rows)
+    if verdicts:
+        text += "\n\nTargets:\n" + "\n".join(verdicts)
+    return text + "\n"
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def _bench(args: argparse.Namespace, opts: LoadOptions, stack: contextlib.ExitStack,
+                 workdir: Path) -> dict[str, Any]:
+    runs: dict[str, Any] = {}
+    mode: Mode = args.mode
+    if mode == "url":
+        for model in args.model or ["chat"]:
+            target = Target(label=model, base_url=args.base_url, model=model,
+                            server_pid=args.server_pid)
+            print(f"loading {target.base_url} model={model}", file=sys.stderr)
+            runs[model] = {"base_url": args.base_url, "model": model,
+                           "levels": await run_target(target, opts)}
+        return runs
+
+    backend, backend_port = _start_backend(stack, workdir, args.delay_ms, args.tokens)
+    await backend.wait_ready(f"http://127.0.0.1:{backend_port}/health", 30)
+    if mode in ("floor", "all"):
+        target = Target(label="floor", base_url=f"http://127.0.0.1:{backend_port}/v1",
+                        model="scripted", server_pid=backend.pid)
+        print("floor: scripted backend direct", file=sys.stderr)
+        runs["floor"] = {"model": "scripted", "levels": await run_target(target, opts)}
+    if mode in ("switchyard", "all"):
+        binary = Path(args.switchyard_bin)
+        if not binary.exists():
+            raise SystemExit(f"switchyard binary not found: {binary}")
+        server, port = _start_switchyard(stack, workdir, binary, backend_port)
+        await server.wait_ready(f"http://127.0.0.1:{port}/readyz", args.ready_timeout)
+        for model in ("chat", "chat-default"):
+            target = Target(label=f"switchyard:{model}", base_url=f"http://127.0.0.1:{port}/v1",
+                            model=model, server_pid=server.pid, backend_pid=backend.pid)
+            print(f"switchyard: model={model}", file=sys.stderr)
+            levels = await run_target(target, opts)
+            run: dict[str, Any] = {"model": model, "levels": levels}
+            if "floor" in runs:
+                run["vs_floor"] = _deltas(runs["floor"]["levels"], levels)
+            runs[target.label] = run
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"switchyard exited during the run:\n{server.log_tail()}")
+    return runs
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--mode", choices=["floor", "switchyard", "all", "url"], default="all")
+    parser.add_argument("--levels", default="1,10,50", help="concurrency levels (default 1,10,50)")
+    parser.add_argument("--requests-per-level", type=int, default=None,
+                        help="requests per level (default 30 at c=1, else 200)")
+    parser.add_argument("--level-timeout", type=float, default=60.0,
+                        help="hard cap per level in seconds (default 60)")
+    parser.add_argument("--request-timeout", type=float, default=30.0)
+    parser.add_argument("--ramp-ms", type=float, default=None,
+                        help="spread worker starts over this window (default tokens*delay)")
+    parser.add_argument("--warmup", type=int, default=3, help="warmup requests per target")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per completion")
+    parser.add_argument("--delay-ms", type=float, default=10.0, help="backend inter-token delay")
+    parser.add_argument("--client", choices=["raw", "httpx"], default="raw")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--switchyard-bin", default=str(DEFAULT_SWITCHYARD_BIN))
+    parser.add_argument("--ready-timeout", type=float, default=60.0)
+    parser.add_argument("--base-url", default=None, help="url mode: OpenAI base URL")
+    parser.add_argument("--model", action="append", help="url mode: model (repeatable)")
+    parser.add_argument("--server-pid", type=int, default=None, help="url mode: pid to sample")
+    parser.add_argument("--keep-tmp", action="store_true", help="keep configs and logs")
+    parser.add_argument("--no-save", action="store_true", help="do not write bench/results/")
+    args = parser.parse_args(argv)
+    if args.mode == "url" and not args.base_url:
+        parser.error("--mode url needs --base-url")
+    return args
+
+
+def _loadavg() -> list[float]:
+    """1/5/15-minute load average: other work on the box skews every number here."""
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def _raise_interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point; every process started here is stopped on the way out."""
+    args = _parse_args(argv)
+    levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
+    ramp_ms = args.tokens * args.delay_ms if args.ramp_ms is None else args.ramp_ms
+    opts = LoadOptions(levels=levels, requests_per_level=args.requests_per_level,
+                       level_timeout_s=args.level_timeout, request_timeout_s=args.request_timeout,
+                       ramp_s=ramp_ms / 1000, warmup=args.warmup, tokens=args.tokens,
+                       client=args.client, api_key=args.api_key)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    started = time.gmtime()
+    loadavg_before = _loadavg()
+    try:
+        with contextlib.ExitStack() as stack:  # unwinding stops every process started
+            if args.keep_tmp:
+                workdir = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+                print(f"keeping configs and logs in {workdir}", file=sys.stderr)
+            else:
+                workdir = Path(stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix="switchyard-bench-")))
+            runs = asyncio.run(_bench(args, opts, stack, workdir))
+    except KeyboardInterrupt:
+        print("interrupted; subprocesses stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    results = {
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", started),
+        "mode": args.mode,
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                 "platform": platform.platform(), "loadavg_before": loadavg_before,
+                 "loadavg_after": _loadavg()},
+        "settings": {"levels": list(levels), "tokens": args.tokens, "delay_ms": args.delay_ms,
+                     "requests_per_level": {c: opts.requests_for(c) for c in levels},
+                     "level_timeout_s": args.level_timeout, "ramp_ms": ramp_ms,
+                     "warmup": args.warmup, "client": args.client},
+        "targets": dataclasses.asdict(Targets()),
+        "runs": runs,
+    }
+    print(render_markdown(results, Targets()))
+    if not args.no_save:
+        RESULTS_DIR.mkdir(exist_ok=True)
+        path = RESULTS_DIR / (time.strftime("%Y%m%dT%H%M%SZ", started) + ".json")
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"results written to {path.relative_to(REPO_ROOT)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
