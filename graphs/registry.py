@@ -71,27 +71,27 @@ class RegisteredGraph:
     """The compiled graph."""
 
 
-def _import_module(graph_id: str, target: str) -> ModuleType:
+def _import_module(graph_id: str, target: str, path: str) -> ModuleType:
     if target.endswith(".py"):
         file = Path(target)
         if not file.is_file():
-            raise GraphLoadError(graph_id, target, f"file {file} not found (relative to {Path.cwd()})")
+            raise GraphLoadError(graph_id, path, f"file {file} not found (relative to {Path.cwd()})")
         name = f"switchyard_user_graphs.{graph_id.replace('-', '_')}"
         spec = importlib.util.spec_from_file_location(name, file)
         if spec is None or spec.loader is None:
-            raise GraphLoadError(graph_id, target, "not a loadable Python file")
+            raise GraphLoadError(graph_id, path, "not a loadable Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
         except Exception as exc:  # boundary: user code; report which graph broke and why
             sys.modules.pop(name, None)
-            raise GraphLoadError(graph_id, target, f"import failed: {exc!r}") from exc
+            raise GraphLoadError(graph_id, path, f"import failed: {exc!r}") from exc
         return module
     try:
         return importlib.import_module(target)
     except Exception as exc:  # boundary: user code
-        raise GraphLoadError(graph_id, target, f"import failed: {exc!r}") from exc
+        raise GraphLoadError(graph_id, path, f"import failed: {exc!r}") from exc
 
 
 def load_target(graph_id: str, path: str) -> Any:
@@ -101,7 +101,7 @@ def load_target(graph_id: str, path: str) -> Any:
         GraphLoadError: the module does not import or lacks the attribute.
     """
     target, _, attribute = path.rpartition(":")
-    module = _import_module(graph_id, target)
+    module = _import_module(graph_id, target, path)
     try:
         return getattr(module, attribute)
     except AttributeError:
