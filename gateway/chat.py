@@ -9,14 +9,18 @@ with only that tool offered, which has the same effect.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import httpx
 import openai
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
+from langchain_core.messages import AIMessageChunk, BaseMessage, BaseMessageChunk
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 
+from gateway._wire import iter_chunks, open_chat
 from gateway.errors import BackendResponseError, BackendUnavailableError, GatewayError
 from gateway.registry import Backend
 
@@ -51,12 +55,49 @@ class GatewayChatModel(ChatOpenAI):
             return BackendResponseError(self.backend_id, exc.status_code, exc.message)
         return BackendResponseError(self.backend_id, 502, str(exc))
 
-    async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        try:
-            async for chunk in super()._astream(*args, **kwargs):
-                yield chunk
-        except openai.APIError as exc:
-            raise self._translate(exc) from exc
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        *,
+        stream_usage: bool | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """Stream over the gateway's pooled connection, parsing chunks as plain dicts.
+
+        Same request and same chunks as ``ChatOpenAI._astream``, without the SDK's
+        per-chunk object model. Structured output (``response_format``) keeps the SDK's
+        path, which assembles and parses the final answer.
+        """
+        kwargs["stream"] = True
+        if self._should_stream_usage(stream_usage, **kwargs):
+            kwargs["stream_options"] = {"include_usage": True}
+        payload = self._get_request_payload(messages, stop=stop, **kwargs)
+        if self.http_async_client is None or "response_format" in payload or self._use_responses_api(payload):
+            try:
+                async for generation in super()._astream(
+                    messages, stop=stop, run_manager=run_manager, stream_usage=stream_usage, **kwargs
+                ):
+                    yield generation
+            except openai.APIError as exc:
+                raise self._translate(exc) from exc
+            return
+        api_key = self.openai_api_key.get_secret_value() if self.openai_api_key else "not-needed"
+        response = await open_chat(
+            self.http_async_client, self.backend_id, str(self.openai_api_base), api_key, payload
+        )
+        chunk_class: type[BaseMessageChunk] = AIMessageChunk
+        async with aclosing(iter_chunks(response, self.backend_id)) as chunks:
+            async for chunk in chunks:
+                generation = self._convert_chunk_to_generation_chunk(chunk, chunk_class, {})
+                if generation is None:
+                    continue
+                chunk_class = generation.message.__class__
+                if run_manager:
+                    logprobs = (generation.generation_info or {}).get("logprobs")
+                    await run_manager.on_llm_new_token(generation.text, chunk=generation, logprobs=logprobs)
+                yield generation
 
     async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
         try:

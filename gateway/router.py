@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from typing import Any
 
 import httpx
 from langchain_core.language_models import BaseChatModel
 
 from gateway.chat import build_chat_model, httpx_timeout
-from gateway.errors import BackendResponseError, BackendUnavailableError, CapabilityError
+from gateway._wire import iter_chunks, open_chat
+from gateway.errors import BackendResponseError, CapabilityError
 from gateway.health import BackendHealth, probe
 from gateway.registry import Backend, ModelRegistry
 
@@ -68,32 +70,12 @@ class ModelGateway:
             self._chat_models[alias] = model
         return model
 
-    def _request(self, alias: str, body: Mapping[str, Any]) -> tuple[Backend, httpx.Request]:
+    async def _open(self, alias: str, body: Mapping[str, Any]) -> tuple[Backend, httpx.Response]:
         backend = self.registry.resolve(alias)
         self.check_capabilities(backend, body)
-        headers = {"Authorization": f"Bearer {backend.api_key or 'not-needed'}"}
         payload = {**body, "model": backend.model}
-        request = self._pool(backend).build_request(
-            "POST", f"{backend.base_url}/chat/completions", json=payload, headers=headers
-        )
-        return backend, request
-
-    async def _send(self, backend: Backend, request: httpx.Request) -> httpx.Response:
-        try:
-            response = await self._pool(backend).send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise BackendUnavailableError(backend.id, f"timed out ({exc.__class__.__name__})") from exc
-        except httpx.HTTPError as exc:
-            raise BackendUnavailableError(backend.id, f"{exc.__class__.__name__}: {exc}") from exc
-        if response.status_code != 200:
-            detail = (await response.aread()).decode(errors="replace")
-            await response.aclose()
-            try:
-                detail = json.loads(detail)["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                detail = detail[:300]
-            raise BackendResponseError(backend.id, response.status_code, str(detail))
-        return response
+        response = await open_chat(self._pool(backend), backend.id, backend.base_url, backend.api_key or "not-needed", payload)
+        return backend, response
 
     async def complete_chat(self, alias: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Relay a non-streamed chat completion to the alias's backend.
@@ -110,8 +92,7 @@ class ModelGateway:
             BackendUnavailableError: the backend could not be reached.
             BackendResponseError: the backend answered an error status.
         """
-        backend, request = self._request(alias, {**body, "stream": False})
-        response = await self._send(backend, request)
+        backend, response = await self._open(alias, {**body, "stream": False})
         try:
             answer: dict[str, Any] = json.loads(await response.aread())
         except ValueError as exc:
@@ -133,26 +114,13 @@ class ModelGateway:
             The same errors as `complete_chat`; after the first chunk, a broken stream
             raises `BackendUnavailableError`.
         """
-        backend, request = self._request(
+        backend, response = await self._open(
             alias, {**body, "stream": True, "stream_options": {"include_usage": True}}
         )
-        response = await self._send(backend, request)
-        try:
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                chunk: dict[str, Any] = json.loads(data)
-                if "error" in chunk:
-                    raise BackendResponseError(backend.id, 502, str(chunk["error"].get("message", chunk["error"])))
+        async with aclosing(iter_chunks(response, backend.id)) as chunks:
+            async for chunk in chunks:
                 chunk["model"] = alias
                 yield chunk
-        except httpx.HTTPError as exc:
-            raise BackendUnavailableError(backend.id, f"stream broken: {exc.__class__.__name__}") from exc
-        finally:
-            await response.aclose()
 
     @staticmethod
     def check_capabilities(backend: Backend, request: Mapping[str, Any]) -> None:

@@ -1,0 +1,74 @@
+"""OpenAI chat-completions over a pooled httpx client: send, check, parse the SSE.
+
+Shared by the alias relay (`ModelGateway.stream_chat`) and the chat models graphs use
+(`GatewayChatModel._astream`). Parsing chunks with ``json.loads`` into dicts, instead of
+the ``openai`` SDK building a pydantic object per chunk, was the largest single cost of
+a streamed graph run (about a third of its CPU; see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from gateway.errors import BackendResponseError, BackendUnavailableError
+
+__all__ = ["iter_chunks", "open_chat"]
+
+
+async def open_chat(
+    client: httpx.AsyncClient, backend_id: str, url: str, api_key: str, payload: Mapping[str, Any]
+) -> httpx.Response:
+    """POST a chat completion and return the open response once its status is 200.
+
+    Raises:
+        BackendUnavailableError: no connection, or no answer in time.
+        BackendResponseError: an error status; the backend's own message is kept.
+    """
+    request = client.build_request(
+        "POST", f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {api_key}"}
+    )
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.TimeoutException as exc:
+        raise BackendUnavailableError(backend_id, f"timed out ({exc.__class__.__name__})") from exc
+    except httpx.HTTPError as exc:
+        raise BackendUnavailableError(backend_id, f"{exc.__class__.__name__}: {exc}") from exc
+    if response.status_code != 200:
+        body = (await response.aread()).decode(errors="replace")
+        await response.aclose()
+        try:
+            detail = str(json.loads(body)["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            detail = body[:300]
+        raise BackendResponseError(backend_id, response.status_code, detail)
+    return response
+
+
+async def iter_chunks(response: httpx.Response, backend_id: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an SSE chat-completion stream, up to ``[DONE]``; closes the
+    response when done or closed early (which makes the backend stop generating).
+
+    Raises:
+        BackendResponseError: the backend sent an in-band error object.
+        BackendUnavailableError: the stream broke off.
+    """
+    try:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            chunk: dict[str, Any] = json.loads(data)
+            if "error" in chunk:
+                error = chunk["error"]
+                raise BackendResponseError(backend_id, 502, str(error.get("message", error)))
+            yield chunk
+    except httpx.HTTPError as exc:
+        raise BackendUnavailableError(backend_id, f"stream broken: {exc.__class__.__name__}") from exc
+    finally:
+        await response.aclose()
