@@ -429,7 +429,7 @@ def _proc_cpu_s(pid: int) -> float:
 
 
 def _tree_cpu_s(root: int) -> float:
-    """CPU of ``root`` and its live descendants (covers a reloader or worker parent)."""
+    """CPU of ``root`` and its live descendants."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

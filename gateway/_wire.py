@@ -16,7 +16,7 @@ import httpx
 
 from gateway.errors import BackendResponseError, BackendUnavailableError
 
-__all__ = ["iter_chunks", "open_chat"]
+__all__ = ["iter_chunks", "open_chat", "read_json"]
 
 
 async def open_chat(
@@ -63,12 +63,40 @@ async def iter_chunks(response: httpx.Response, backend_id: str) -> AsyncIterato
             data = line[5:].strip()
             if data == "[DONE]":
                 return
-            chunk: dict[str, Any] = json.loads(data)
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise BackendResponseError(backend_id, 502, f"stream sent a line that is not JSON: {data[:100]!r}") from None
+            if not isinstance(chunk, dict):
+                raise BackendResponseError(backend_id, 502, f"stream sent {type(chunk).__name__}, not an object")
             if "error" in chunk:
                 error = chunk["error"]
-                raise BackendResponseError(backend_id, 502, str(error.get("message", error)))
+                message = error.get("message", error) if isinstance(error, dict) else error
+                raise BackendResponseError(backend_id, 502, str(message))
             yield chunk
     except httpx.HTTPError as exc:
         raise BackendUnavailableError(backend_id, f"stream broken: {exc.__class__.__name__}") from exc
     finally:
         await response.aclose()
+
+
+async def read_json(response: httpx.Response, backend_id: str) -> dict[str, Any]:
+    """The whole JSON body of an open response; closes it.
+
+    Raises:
+        BackendUnavailableError: the body broke off.
+        BackendResponseError: the body is not a JSON object.
+    """
+    try:
+        body = await response.aread()
+    except httpx.HTTPError as exc:
+        raise BackendUnavailableError(backend_id, f"answer broken: {exc.__class__.__name__}") from exc
+    finally:
+        await response.aclose()
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        raise BackendResponseError(backend_id, 502, "answer is not JSON") from None
+    if not isinstance(answer, dict):
+        raise BackendResponseError(backend_id, 502, "answer is not a JSON object")
+    return answer

@@ -1,7 +1,7 @@
 """``switchyard backend start|stop|status``: the local llama.cpp backend.
 
 Mounted by ``serving/cli.py``, which puts an object satisfying `GatewayCliEnv` in the
-Typer context.
+Typer context and turns `GatewayError` into a one-line message and exit status 1.
 """
 
 from __future__ import annotations
@@ -49,44 +49,30 @@ def _managed(env: GatewayCliEnv, backend_id: str | None) -> list[Backend]:
     return managed
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    return typer.Exit(1)
-
-
 @backend_app.command("start")
 def start(ctx: typer.Context, backend_id: BackendArg = None) -> None:
     """Start the backend (if not already answering) and wait until it is ready."""
     env: GatewayCliEnv = ctx.obj
-    try:
-        for backend in _managed(env, backend_id):
-            typer.echo(f"starting {backend.id} at {backend.root_url} ...")
-            status = start_backend(backend, env.data_dir(), llama_server=env.gateway_settings().llama_server)
-            typer.echo(status.describe())
-    except GatewayError as exc:
-        raise _fail(exc) from None
+    for backend in _managed(env, backend_id):
+        typer.echo(f"starting {backend.id} at {backend.root_url} ...")
+        status = start_backend(backend, env.data_dir(), llama_server=env.gateway_settings().llama_server)
+        typer.echo(status.describe())
 
 
 @backend_app.command("stop")
 def stop(ctx: typer.Context, backend_id: BackendArg = None) -> None:
     """Stop the backend started from this data directory."""
     env: GatewayCliEnv = ctx.obj
-    try:
-        for backend in _managed(env, backend_id):
-            stopped = stop_backend(backend, env.data_dir())
-            typer.echo(f"{backend.id}: {'stopped' if stopped else 'was not running'}")
-    except GatewayError as exc:
-        raise _fail(exc) from None
+    for backend in _managed(env, backend_id):
+        stopped = stop_backend(backend, env.data_dir())
+        typer.echo(f"{backend.id}: {'stopped' if stopped else 'was not running'}")
 
 
 @backend_app.command("status")
 def status(ctx: typer.Context, backend_id: BackendArg = None) -> None:
     """Show whether the backend runs and is ready. Exits 1 if any is not ready."""
     env: GatewayCliEnv = ctx.obj
-    try:
-        results = [status_backend(b, env.data_dir()) for b in _managed(env, backend_id)]
-    except GatewayError as exc:
-        raise _fail(exc) from None
+    results = [status_backend(b, env.data_dir()) for b in _managed(env, backend_id)]
     for result in results:
         typer.echo(result.describe())
     if not all(r.healthy for r in results):

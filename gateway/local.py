@@ -167,12 +167,23 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _is_llama_server(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            program = cmdline.read().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return b"llama" in program.rsplit(b"/", 1)[-1]
+
+
 def _read_pid(pid_file: Path) -> int | None:
+    """The pid in the file, if that process is alive and still a llama-server (a pid
+    can be reused by an unrelated process after a crash or reboot)."""
     try:
         pid = int(pid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-    return pid if _alive(pid) else None
+    return pid if _alive(pid) and _is_llama_server(pid) else None
 
 
 def _healthy(backend: Backend) -> bool:
@@ -232,10 +243,22 @@ def start_backend(backend: Backend, data_dir: Path, *, llama_server: Path | None
         pid, started_here = process.pid, True
     else:
         pid, started_here = current.pid, False  # started earlier, still loading
+    try:
+        return _wait_ready(backend, pid, started_here, log_file)
+    except BaseException:
+        # Not ready, or interrupted while waiting (Ctrl-C, SIGTERM): a process this call
+        # started must not outlive it, or the next start would adopt a stray.
+        if started_here:
+            _terminate(pid)
+            pid_file.unlink(missing_ok=True)
+        raise
+
+
+def _wait_ready(backend: Backend, pid: int, started_here: bool, log_file: Path) -> LocalBackendStatus:
+    assert backend.launch is not None
     deadline = time.monotonic() + backend.launch.start_timeout_s
     while time.monotonic() < deadline:
         if not _alive(pid):
-            pid_file.unlink(missing_ok=True)
             raise LocalBackendError(
                 f"llama-server for {backend.id!r} exited during start-up; end of {log_file}:\n{_tail(log_file)}"
             )
@@ -244,9 +267,6 @@ def start_backend(backend: Backend, data_dir: Path, *, llama_server: Path | None
                 backend_id=backend.id, url=backend.root_url, pid=pid, healthy=True, started_here=started_here
             )
         time.sleep(0.2)
-    if started_here:
-        _terminate(pid)
-        pid_file.unlink(missing_ok=True)
     raise LocalBackendError(
         f"llama-server for {backend.id!r} not ready after {backend.launch.start_timeout_s:g}s; "
         f"end of {log_file}:\n{_tail(log_file)}"

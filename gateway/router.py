@@ -8,7 +8,6 @@ go through `ModelGateway` for every model they use.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
@@ -17,8 +16,8 @@ import httpx
 from langchain_core.language_models import BaseChatModel
 
 from gateway.chat import build_chat_model, httpx_timeout
-from gateway._wire import iter_chunks, open_chat
-from gateway.errors import BackendResponseError, CapabilityError
+from gateway._wire import iter_chunks, open_chat, read_json
+from gateway.errors import CapabilityError
 from gateway.health import BackendHealth, probe
 from gateway.registry import Backend, ModelRegistry
 
@@ -40,7 +39,7 @@ class ModelGateway:
         self._probe_timeout_s = probe_timeout_s
         self._pools: dict[str, httpx.AsyncClient] = {}
         self._chat_models: dict[str, BaseChatModel] = {}
-        self._probe_client = httpx.AsyncClient()
+        self._probe_client: httpx.AsyncClient | None = None
 
     def _pool(self, backend: Backend) -> httpx.AsyncClient:
         pool = self._pools.get(backend.id)
@@ -93,12 +92,7 @@ class ModelGateway:
             BackendResponseError: the backend answered an error status.
         """
         backend, response = await self._open(alias, {**body, "stream": False})
-        try:
-            answer: dict[str, Any] = json.loads(await response.aread())
-        except ValueError as exc:
-            raise BackendResponseError(backend.id, 502, "answer is not JSON") from exc
-        finally:
-            await response.aclose()
+        answer = await read_json(response, backend.id)
         answer["model"] = alias
         return answer
 
@@ -161,14 +155,19 @@ class ModelGateway:
         """Probe backends concurrently (default: every backend an alias points at)."""
         ids = backend_ids if backend_ids is not None else sorted(set(self.registry.aliases.values()))
         backends = [self.registry.backends[i] for i in ids]
+        if self._probe_client is None:
+            self._probe_client = httpx.AsyncClient()
+        client = self._probe_client
         return list(
-            await asyncio.gather(*(probe(b, self._probe_client, self._probe_timeout_s) for b in backends))
+            await asyncio.gather(*(probe(b, client, self._probe_timeout_s) for b in backends))
         )
 
     async def aclose(self) -> None:
         """Close every connection pool."""
         for pool in self._pools.values():
             await pool.aclose()
-        await self._probe_client.aclose()
+        if self._probe_client is not None:
+            await self._probe_client.aclose()
+            self._probe_client = None
         self._pools.clear()
         self._chat_models.clear()

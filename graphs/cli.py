@@ -1,7 +1,8 @@
 """``switchyard graphs list|draw|new`` and ``switchyard ask``.
 
 Mounted by ``serving/cli.py``, which puts an object satisfying `GraphsCliEnv` in the
-Typer context.
+Typer context and turns `GraphError` (and the gateway's errors) into a one-line message
+and exit status 1.
 """
 
 from __future__ import annotations
@@ -42,11 +43,6 @@ graphs_app = typer.Typer(help="List, draw and scaffold graphs.", no_args_is_help
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    return typer.Exit(1)
-
-
 @graphs_app.command("list")
 def list_graphs(ctx: typer.Context) -> None:
     """The registered graphs: id, model alias, path, description."""
@@ -64,10 +60,7 @@ def draw(ctx: typer.Context, graph_id: Annotated[str, typer.Argument(help="A reg
         async with env.open_graphs() as registry:
             return registry.get(graph_id).graph.get_graph().draw_mermaid()
 
-    try:
-        typer.echo(asyncio.run(render()))
-    except GraphError as exc:
-        raise _fail(exc) from None
+    typer.echo(asyncio.run(render()))
 
 
 def scaffold_graph(name: str, directory: Path) -> tuple[Path, Path, str]:
@@ -108,10 +101,7 @@ def new(
     ),
 ) -> None:
     """Scaffold a graph module and its test, and print the config entry to add."""
-    try:
-        module, test, graph_path = scaffold_graph(name, directory)
-    except GraphError as exc:
-        raise _fail(exc) from None
+    module, test, graph_path = scaffold_graph(name, directory)
     typer.echo(f"wrote {module}\nwrote {test}\n")
     typer.echo("Register it in config/switchyard.yaml under `graphs:`:\n")
     typer.echo(f"  {name}:\n    path: {graph_path}\n    model: chat-default\n")
@@ -147,10 +137,7 @@ def ask(
             sys.stdout.write("\n")
             return finish
 
-    try:
-        finish = asyncio.run(run())
-    except Exception as exc:  # boundary: report any failure as one line, exit 1
-        raise _fail(exc) from None
+    finish = asyncio.run(run())
     if finish is not None:
         typer.secho(
             f"[{finish.reason}; {finish.prompt_tokens} prompt + {finish.completion_tokens} completion tokens]",

@@ -23,6 +23,10 @@ T = TypeVar("T")
 
 _END: Any = object()
 
+# The event loop keeps only weak references to tasks; a cancelled pump still cleaning
+# up must not be collected half-way.
+_PUMPS: set[asyncio.Task[None]] = set()
+
 
 async def detached(source: AsyncIterator[T], *, buffer: int = 64) -> AsyncIterator[T]:
     """Iterate ``source`` from a separate task; closing this iterator cancels it.
@@ -46,6 +50,8 @@ async def detached(source: AsyncIterator[T], *, buffer: int = 64) -> AsyncIterat
         await queue.put((_END, None))
 
     task = asyncio.get_running_loop().create_task(pump())
+    _PUMPS.add(task)
+    task.add_done_callback(_PUMPS.discard)
     try:
         while True:
             item, error = await queue.get()

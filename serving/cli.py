@@ -7,7 +7,9 @@ Sub-commands live next to the package they drive (``gateway/cli.py``: ``backend`
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Annotated, Any
 import typer
 import uvicorn
 
-from gateway import GatewayError, GatewaySettings, load_registry
+from gateway import GatewayError, GatewaySettings
 from gateway.cli import backend_app
 from gateway.local import start_backend, stop_backend
 from graphs import GraphError, GraphRegistry, GraphSpec
@@ -33,14 +35,15 @@ class CliEnv:
     """Settings (loaded on first use) and factories for the sub-commands."""
 
     def __init__(self, config: Path | None, **overrides: Any) -> None:
-        self._config = config
+        self.config = config
+        """The settings file given on the command line, if any."""
         self._overrides = overrides
         self._settings: Settings | None = None
 
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            self._settings = load_settings(self._config, **self._overrides)
+            self._settings = load_settings(self.config, **self._overrides)
         return self._settings
 
     def gateway_settings(self) -> GatewaySettings:
@@ -91,36 +94,34 @@ def serve(
     server: dict[str, Any] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     if dev:
         server["dev"] = True
-    env = CliEnv(config or ctx.obj._config, **({"server": server} if server else {}))
+    settings = CliEnv(config or ctx.obj.config, **({"server": server} if server else {})).settings
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    (settings.data_dir / "logs").mkdir(exist_ok=True)
+    configure_logging(settings.log_level, str(settings.data_dir / "logs" / "switchyard.log"))
+    platform = Platform.build(settings)
+    # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found
+    # installed. Make that handler an exception, so the `finally` below still stops
+    # the backend this command started (also when the signal comes during start-up).
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    started = []
     try:
-        settings = env.settings
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        (settings.data_dir / "logs").mkdir(exist_ok=True)
-        configure_logging(settings.log_level, str(settings.data_dir / "logs" / "switchyard.log"))
-        registry = load_registry(settings.gateway.models_file)
-        started = []
-        for backend in registry.managed_backends():
+        for backend in platform.gateway.registry.managed_backends():
             typer.echo(f"starting local backend {backend.id} at {backend.root_url} ...")
             status = start_backend(backend, settings.data_dir, llama_server=settings.gateway.llama_server)
             typer.echo(status.describe())
             if status.started_here:
                 started.append(backend)
-    except (ConfigError, GatewayError) as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
-    try:
-        try:
-            application = create_app(settings, platform=Platform.build(settings))
-        except (GatewayError, GraphError) as exc:
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(1) from None
+            elif status.pid is None:
+                typer.secho(
+                    f"warning: {backend.root_url} was started outside {settings.data_dir}: this server will not "
+                    "stop it, and fails if its owner does. Give each server its own "
+                    "SWITCHYARD_LOCAL_BACKEND_PORT to run them independently.",
+                    fg=typer.colors.YELLOW,
+                    err=True,
+                )
         typer.echo(f"Switchyard on http://{settings.server.host}:{settings.server.port} (data in {settings.data_dir})")
-        # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found
-        # installed. Make that handler an exception, so the `finally` below still stops
-        # the backend this command started.
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         uvicorn.run(
-            application,
+            create_app(settings, platform=platform),
             host=settings.server.host,
             port=settings.server.port,
             log_config=None,
@@ -143,10 +144,18 @@ app.command("ask")(ask)
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    The current directory goes on ``sys.path`` (as with ``python -m``), so a graph
+    registered as ``my_graphs.summarize:make_graph`` imports from the project directory.
+    Configuration, registry and graph errors end the command with one line naming the
+    problem, never a traceback.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         app()
-    except ConfigError as exc:
+    except (ConfigError, GatewayError, GraphError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise SystemExit(1) from None
 

@@ -74,7 +74,8 @@ class Settings(BaseSettings):
 
     data_dir: Path = Path("data")
     """Every piece of local state: databases, logs, pid files (``SWITCHYARD_DATA_DIR``).
-    Two servers with different data directories and ports run side by side."""
+    Two servers run side by side with their own data directories, ports and local
+    backend ports."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     server: ServerSettings = ServerSettings()
     gateway: GatewaySettings = GatewaySettings()

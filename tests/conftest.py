@@ -29,16 +29,21 @@ SWITCHYARD = Path(sys.executable).with_name("switchyard")
 
 @pytest.fixture(scope="session")
 def local_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
-    """The real llama-server with SmolLM2, on a free port, for the whole session."""
+    """The real llama-server with SmolLM2, on a free port, for the whole session.
+
+    Sets ``SWITCHYARD_LOCAL_BACKEND_PORT`` (read by ``config/models.yaml``) for the
+    session, so the CLI and servers the tests start find it; restored afterwards.
+    """
     port = free_port()
-    os.environ["SWITCHYARD_LOCAL_BACKEND_PORT"] = str(port)
-    backend = load_registry(REPO / "config/models.yaml").backends["local"]
-    data_dir = tmp_path_factory.mktemp("backend-data")
-    start_backend(backend, data_dir)
-    try:
-        yield backend
-    finally:
-        stop_backend(backend, data_dir)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SWITCHYARD_LOCAL_BACKEND_PORT", str(port))
+        backend = load_registry(REPO / "config/models.yaml").backends["local"]
+        data_dir = tmp_path_factory.mktemp("backend-data")
+        start_backend(backend, data_dir)
+        try:
+            yield backend
+        finally:
+            stop_backend(backend, data_dir)
 
 
 @pytest.fixture(scope="session")
@@ -66,10 +71,11 @@ def write_models_file(path: Path, local: Backend | None, fake_url: str, *, chat_
         "fake-break": _fake(fake_url, "fake-break"),
         "fake-500": _fake(fake_url, "fake-500"),
         "down": {**_fake(f"http://127.0.0.1:{free_port()}/v1", "nothing"), "timeouts": {"connect_s": 1, "read_s": 2}},
+        "fake-plain": {**_fake(fake_url, "fake-ok"), "capabilities": {"context_window": 1024}},
     }
     if local is not None:
         backends["local"] = {**source["backends"]["local"], "base_url": local.base_url}
-    aliases = {name: name for name in ("fake-ok", "fake-break", "fake-500", "down")}
+    aliases = {name: name for name in ("fake-ok", "fake-break", "fake-500", "down", "fake-plain")}
     aliases["chat-default"] = chat_default
     path.write_text(yaml.safe_dump({"backends": backends, "aliases": aliases}))
     return path
@@ -96,14 +102,14 @@ def start_server(
     data_dir = tmp / "data"
     config_file = tmp / "switchyard.yaml"
     config_file.write_text(yaml.safe_dump({"data_dir": str(data_dir), **config}))
-    output = (tmp / "server.out").open("wb")
-    process = subprocess.Popen(
-        [str(SWITCHYARD), "serve", "--config", str(config_file), "--port", str(port), "--dev"],
-        cwd=cwd,
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-    )
+    with (tmp / "server.out").open("wb") as output:
+        process = subprocess.Popen(
+            [str(SWITCHYARD), "serve", "--config", str(config_file), "--port", str(port), "--dev"],
+            cwd=cwd,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     probe = "/readyz" if wait_ready else "/healthz"
@@ -146,6 +152,8 @@ def server(
                 "chat": {"path": "graphs.chat:make_graph", "model": "chat-default"},
                 "chat-broken": {"path": "graphs.chat:make_graph", "model": "fake-break"},
                 "chat-failing": {"path": "graphs.chat:make_graph", "model": "fake-500"},
+                "chat-fake": {"path": "graphs.chat:make_graph", "model": "fake-ok"},
+                "crash": {"path": "tests.fakes.graphs:make_crashing_graph", "model": "fake-ok"},
             },
         },
     )

@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_import_contracts_hold() -> None:

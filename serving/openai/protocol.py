@@ -107,7 +107,7 @@ class Choice(BaseModel):
     index: int = 0
     message: ResponseMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -137,7 +137,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionChunk(BaseModel):

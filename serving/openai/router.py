@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from serving.deps import ChatServiceDep, RequestIdDep
@@ -53,7 +54,10 @@ async def chat_completions(
     """Run a graph, or relay to a model alias; ``stream: true`` answers over SSE."""
     log.info("chat completion model=%s stream=%s messages=%d", body.model, body.stream, len(body.messages))
     if not body.stream:
-        return await service.complete(body, request_id)
+        answer = await service.complete(body, request_id)
+        # An alias's answer is the backend's JSON as it came (logprobs, reasoning,
+        # usage details...); only graph answers are built from our own models.
+        return JSONResponse(answer) if isinstance(answer, dict) else answer
     stream = service.stream(body, request_id)
     try:
         # Pull the first payload before answering, so a bad request or a backend that

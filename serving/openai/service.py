@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from langchain_core.messages import convert_to_messages
+from langchain_core.messages import BaseMessage, convert_to_messages
 
 from gateway import ModelGateway
-from graphs import Finish, GraphRegistry, RunContext, TextDelta, ToolCallDelta, message_events
+from graphs import Finish, GraphEvent, GraphRegistry, RunContext, TextDelta, ToolCallDelta, message_events
 from serving._tasks import detached
 from serving.errors import RequestError
 from serving.observability import ServingMetrics
@@ -27,6 +27,7 @@ from serving.openai.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatMessage,
     Choice,
     ChunkChoice,
     Delta,
@@ -39,6 +40,22 @@ from serving.openai.protocol import (
 __all__ = ["ChatCompletionService"]
 
 log = logging.getLogger(__name__)
+
+
+def _to_langchain(messages: list[ChatMessage]) -> list[BaseMessage]:
+    """OpenAI messages to LangChain messages; a message LangChain cannot take is a 400
+    naming it (``messages.3``), not a 500."""
+    converted: list[BaseMessage] = []
+    for index, message in enumerate(messages):
+        data = message.model_dump(exclude_none=True)
+        data.setdefault("content", "")  # assistant turns that only carry tool_calls
+        if message.role == "tool" and not message.tool_call_id:
+            raise RequestError("a tool message needs tool_call_id", param=f"messages.{index}.tool_call_id")
+        try:
+            converted.extend(convert_to_messages([data]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RequestError(f"cannot use this message: {exc}", param=f"messages.{index}") from None
+    return converted
 
 
 def _usage(prompt: int, completion: int) -> Usage:
@@ -84,11 +101,11 @@ class ChatCompletionService:
         return ModelList(data=cards)
 
     def _check(self, request: ChatCompletionRequest) -> str:
-        if request.model_extra:
-            log.info("ignoring unknown request fields: %s", ", ".join(sorted(request.model_extra)))
-        if request.n != 1:
-            raise RequestError("only n=1 is supported", param="n")
         if request.model in self._graphs:
+            if request.n != 1:
+                raise RequestError("a graph answers once: only n=1 is supported", param="n")
+            if request.model_extra:
+                log.info("graph run ignores request fields: %s", ", ".join(sorted(request.model_extra)))
             if request.tools:
                 raise RequestError(
                     f"graph {request.model!r} brings its own tools; send client tools to a model alias instead",
@@ -99,6 +116,17 @@ class ChatCompletionService:
             return "graph"
         self._gateway.backend(request.model)  # raises UnknownModelError naming what exists
         return "alias"
+
+    def _run_events(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[GraphEvent]:
+        """Start the graph run for a request; its events, from a task of their own."""
+        graph = self._graphs.get(request.model).graph
+        stream = graph.astream(
+            {"messages": _to_langchain(request.messages)},
+            context=RunContext(request_id=request_id, model_params=request.sampling_params()),
+            stream_mode=["messages"],
+            version="v2",
+        )
+        return detached(message_events(stream))
 
     # ---- streaming -------------------------------------------------------------------
 
@@ -133,16 +161,8 @@ class ChatCompletionService:
 
     async def _graph_chunks(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
         encoder = _ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.model)
-        graph = self._graphs.get(request.model).graph
-        messages = convert_to_messages([m.model_dump(exclude_none=True) for m in request.messages])
-        stream = graph.astream(
-            {"messages": messages},
-            context=RunContext(request_id=request_id, model_params=request.sampling_params()),
-            stream_mode=["messages"],
-            version="v2",
-        )
         role_sent = False
-        async with aclosing(detached(message_events(stream))) as events:
+        async with aclosing(self._run_events(request, request_id)) as events:
             async for event in events:
                 if not role_sent:
                     yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
@@ -213,18 +233,10 @@ class ChatCompletionService:
             self._metrics.runs.labels(kind, outcome).inc()
 
     async def _complete_graph(self, request: ChatCompletionRequest, request_id: str) -> ChatCompletion:
-        graph = self._graphs.get(request.model).graph
-        messages = convert_to_messages([m.model_dump(exclude_none=True) for m in request.messages])
-        stream = graph.astream(
-            {"messages": messages},
-            context=RunContext(request_id=request_id, model_params=request.sampling_params()),
-            stream_mode=["messages"],
-            version="v2",
-        )
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish = Finish(reason="stop", prompt_tokens=0, completion_tokens=0)
-        async with aclosing(message_events(stream)) as events:
+        async with aclosing(self._run_events(request, request_id)) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     text.append(event.text)

@@ -8,6 +8,8 @@ also tested against the real local model. The behaviour is picked by the request
 - ``fake-ok``: streams "Hello from the fake" with usage, or answers it whole.
 - ``fake-break``: streams three content chunks, then drops the connection.
 - ``fake-500``: answers 500 with an OpenAI-shaped error body.
+
+It records every request body in `RECEIVED`, so tests can check what reached it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from starlette.routing import Route
 
 WORDS = ["Hello", " from", " the", " fake"]
 
+RECEIVED: list[dict[str, object]] = []
+"""Every request body the fake received, in order (the tests run it in-process)."""
+
 
 def _chunk(model: str, delta: dict[str, object], finish: str | None = None) -> str:
     body = {
@@ -46,6 +51,7 @@ class _DropConnection(Exception):
 
 async def chat(request: Request) -> Response:
     body = await request.json()
+    RECEIVED.append(body)
     model = body.get("model", "")
     if model == "fake-500":
         return JSONResponse({"error": {"message": "scripted failure", "type": "server_error"}}, status_code=500)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from gateway import CapabilityError, ModelGateway, RegistryError, UnknownModelError, load_registry
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 
 VALID = """
 backends:

@@ -58,7 +58,11 @@ def test_the_authoring_walkthrough(local_backend: Backend, workdir: Path) -> Non
     assert "__start__ --> answer;" in drawn and "answer --> __end__;" in drawn
 
     # 4. Test it: the scaffolded test passes against the real model.
-    tested = _run(workdir, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "my_graphs/test_summarize.py")
+    # With Switchyard's pytest settings (markers, asyncio), as in the project directory.
+    tested = _run(
+        workdir, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
+        "--rootdir", str(workdir), "my_graphs/test_summarize.py",
+    )
     assert "1 passed" in tested.stdout
 
     # 5. Use it: the CLI streams an answer, and the API serves it as a model id.

@@ -7,10 +7,14 @@ from contextlib import aclosing
 from pathlib import Path
 
 import pytest
-from langchain_core.messages import HumanMessage, SystemMessage
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackHandler
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from gateway import Backend, BackendUnavailableError, ModelGateway, load_registry
 from graphs import Finish, GraphRegistry, GraphSpec, RunContext, TextDelta, message_events
+from graphs.chat.prompts import SYSTEM_PROMPT
 from tests.conftest import REPO, write_models_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]
@@ -48,12 +52,35 @@ async def test_max_tokens_from_the_run_context_is_applied(chat: GraphRegistry) -
     assert isinstance(finish, Finish) and finish.reason == "length" and finish.completion_tokens == 3
 
 
-async def test_caller_system_prompt_replaces_the_default(chat: GraphRegistry) -> None:
+class _SeenByModel(AsyncCallbackHandler):
+    """Records the messages each model call was sent (a real callback, no fake model)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[BaseMessage]] = []
+
+    async def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], **_: Any) -> None:
+        self.calls.extend(messages)
+
+
+@pytest.mark.parametrize("own_system", [False, True])
+async def test_the_default_system_prompt_is_used_unless_the_caller_brings_one(
+    chat: GraphRegistry, own_system: bool
+) -> None:
+    seen = _SeenByModel()
+    conversation = [HumanMessage("Hi")]
+    if own_system:
+        conversation.insert(0, SystemMessage("Reply with the single word: banana."))
     result = await chat.get("chat").graph.ainvoke(
-        {"messages": [SystemMessage("Reply with the single word: banana."), HumanMessage("Hi")]},
+        {"messages": conversation},
+        config={"callbacks": [seen]},
         context=RunContext(model_params={"max_tokens": 8, "temperature": 0}),
     )
-    assert [m.type for m in result["messages"]] == ["system", "human", "ai"]
+    (sent,) = seen.calls
+    assert [m.type for m in sent] == ["system", "human"]
+    expected = "Reply with the single word: banana." if own_system else SYSTEM_PROMPT
+    assert sent[0].content == expected
+    # The default prompt is model input only; the thread's state holds what was said.
+    assert [m.type for m in result["messages"]] == [*(["system"] if own_system else []), "human", "ai"]
 
 
 async def test_unreachable_backend_is_a_gateway_error(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from gateway import ModelGateway, load_registry
 from graphs import GraphLoadError, GraphRegistry, GraphSpec, UnknownGraphError
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

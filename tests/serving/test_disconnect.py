@@ -25,6 +25,12 @@ def _metric(url: str, name: str) -> float:
     return float(match.group(1))
 
 
+def _cancelled(url: str, kind: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    match = re.search(rf'^switchyard_runs_total{{kind="{kind}",outcome="cancelled"}} ([0-9.]+)$', text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
 def _wait_for(predicate: object, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -39,6 +45,8 @@ def test_disconnect_cancels_the_run_and_the_backend_request(
     server: ServerHandle, local_backend: Backend, model: str
 ) -> None:
     backend = local_backend.root_url
+    kind = "graph" if model == "chat" else "alias"
+    cancelled_before = _cancelled(server.url, kind)
     decoded_before = _metric(backend, "llamacpp:n_decode_total")
     body = {"model": model, "messages": LONG, "stream": True, "max_tokens": 1800, "temperature": 0}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
@@ -59,6 +67,4 @@ def test_disconnect_cancels_the_run_and_the_backend_request(
     assert _metric(backend, "llamacpp:n_decode_total") == settled  # nothing is generating any more
     # Far fewer than the 1800 tokens asked for were generated: the request was cut short.
     assert settled - decoded_before < 600
-    cancelled = re.search(r'^switchyard_runs_total\{kind="(graph|alias)",outcome="cancelled"\} ([0-9.]+)$',
-                          httpx.get(server.url + "/metrics").text, re.MULTILINE)
-    assert cancelled is not None and float(cancelled.group(2)) >= 1
+    assert _cancelled(server.url, kind) == cancelled_before + 1

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from tests.conftest import ServerHandle
+from tests.fakes.openai_backend import RECEIVED
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llm]
 
@@ -86,13 +87,54 @@ def test_raw_sse_ends_with_done(server: ServerHandle) -> None:
         json.loads(line.removeprefix("data:"))
 
 
-def test_sampling_parameters_reach_the_model(client: openai.OpenAI) -> None:
-    answers = {
-        client.chat.completions.create(
-            model="chat", messages=QUESTION, max_tokens=10, temperature=0, seed=7
-        ).choices[0].message.content
-        for _ in range(2)
+@pytest.mark.parametrize("model", ["chat-fake", "fake-ok"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_sampling_parameters_reach_the_backend(client: openai.OpenAI, model: str, stream: bool) -> None:
+    RECEIVED.clear()
+    answer = client.chat.completions.create(
+        model=model, messages=QUESTION, max_completion_tokens=7, temperature=0.3, top_p=0.9, stop=["\n\n"],
+        seed=11, presence_penalty=0.5, stream=stream,
+    )
+    if stream:
+        list(answer)  # type: ignore[arg-type]
+    (sent,) = RECEIVED
+    assert sent["model"] == "fake-ok"  # the served name, not the alias or graph id
+    assert {k: sent[k] for k in ("temperature", "top_p", "stop", "seed", "presence_penalty")} == {
+        "temperature": 0.3, "top_p": 0.9, "stop": ["\n\n"], "seed": 11, "presence_penalty": 0.5,
     }
-    assert len(answers) == 1  # greedy decoding is deterministic
+    assert sent.get("max_completion_tokens", sent.get("max_tokens")) == 7
+
+
+def test_completion_limit_is_applied_by_the_real_model(client: openai.OpenAI) -> None:
     short = client.chat.completions.create(model="chat", messages=QUESTION, max_completion_tokens=2)
-    assert short.usage is not None and short.usage.completion_tokens <= 2
+    assert short.usage is not None and short.usage.completion_tokens == 2
+    assert short.choices[0].finish_reason == "length"
+
+
+def test_tool_call_history_is_accepted_by_the_graph(client: openai.OpenAI) -> None:
+    # What OpenAI clients send after a tool call: an assistant turn with null content.
+    history = [
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    for stream in (False, True):
+        answer = client.chat.completions.create(model="chat", messages=history, max_tokens=12, stream=stream)  # type: ignore[arg-type]
+        chunks = list(answer) if stream else None  # type: ignore[arg-type]
+        assert chunks is None or chunks[-1].choices[0].finish_reason is not None
+
+
+def test_tool_message_without_its_call_id_is_a_400(server: ServerHandle) -> None:
+    bad = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "sunny"}]
+    response = httpx.post(server.url + "/v1/chat/completions", json={"model": "chat", "messages": bad})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "messages.1.tool_call_id"
+
+
+def test_alias_answer_passes_backend_fields_through(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(
+        model="chat-default", messages=QUESTION, max_tokens=3, logprobs=True, top_logprobs=2
+    )
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None and logprobs.content and len(logprobs.content[0].top_logprobs) == 2

@@ -5,6 +5,7 @@ the FAKE scripted backend (tests/fakes)."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import openai
@@ -12,7 +13,7 @@ import pytest
 
 from tests.conftest import ServerHandle
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.llm]
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -114,8 +115,46 @@ def test_stream_broken_after_start_ends_with_error_event_then_done(server: Serve
         )
 
 
-def test_nothing_returns_a_stack_trace(server: ServerHandle) -> None:
+def test_unknown_route_is_an_openai_shaped_404(server: ServerHandle) -> None:
     response = httpx.get(server.url + "/v1/nowhere")
     assert response.status_code == 404
     assert _error(response)["type"] == "invalid_request_error"
-    assert "Traceback" not in server.log_file.read_text()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bug_is_a_500_naming_the_request_id_not_a_traceback(server: ServerHandle, stream: bool) -> None:
+    response = _post(server, {"model": "crash", "messages": HELLO, "stream": stream}, headers={"x-request-id": f"bug-{stream}"})
+    assert response.status_code == 500
+    error = _error(response)
+    assert error["code"] == "internal_error"
+    assert "bug-" + str(stream) in str(error["message"])
+    assert response.headers["x-request-id"] == f"bug-{stream}"
+    assert "Traceback" not in response.text and "a bug in a node" not in response.text
+    assert "a bug in a node" in server.log_file.read_text()  # the operator sees it
+
+
+def test_capability_contract_refuses_over_http(server: ServerHandle) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    refused = _post(server, {"model": "fake-plain", "messages": HELLO, "tools": tools})
+    assert refused.status_code == 400
+    assert _error(refused)["param"] == "tools" and _error(refused)["code"] == "unsupported_capability"
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    refused = _post(server, {"model": "fake-plain", "messages": HELLO, "response_format": schema, "stream": True})
+    assert refused.status_code == 400 and _error(refused)["param"] == "response_format"
+
+
+@pytest.mark.parametrize("model", ["chat", "chat-default"])
+def test_backend_refusal_is_a_400(server: ServerHandle, model: str) -> None:
+    # Longer than the 2048 tokens a llama.cpp slot holds: the backend itself refuses.
+    long = [{"role": "user", "content": "lorem ipsum dolor sit amet " * 700}]
+    for stream in (False, True):
+        response = _post(server, {"model": model, "messages": long, "max_tokens": 8, "stream": stream})
+        assert response.status_code == 400, response.text
+        error = _error(response)
+        assert error["code"] == "backend_rejected" and "'local'" in str(error["message"])
+
+
+def test_unsafe_request_id_is_replaced(server: ServerHandle) -> None:
+    for unsafe in ("two words <script>", "x" * 300):
+        response = httpx.get(server.url + "/v1/models", headers={"x-request-id": unsafe})
+        assert re.fullmatch(r"[0-9a-f]{32}", response.headers["x-request-id"])

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from serving.settings import ConfigError, load_settings
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_shipped_config_loads() -> None:

@@ -1,0 +1,2 @@
+"""The OpenAI chat-completions protocol: ``protocol`` (wire models), ``service``
+(`ChatCompletionService`), ``router`` (routes). Import from the modules."""
