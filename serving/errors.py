@@ -84,7 +84,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     problems = []
     first_param = None
     for item in exc.errors():
-        loc = [str(p) for p in item["loc"] if p != "body"]
+        # A JSON syntax error's location is a character offset, not a field.
+        loc = [] if item["type"] == "json_invalid" else [str(p) for p in item["loc"] if p != "body"]
         param = ".".join(loc) or None
         first_param = first_param or param
         problems.append(f"{param or 'body'}: {item['msg']}")
