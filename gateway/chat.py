@@ -157,6 +157,7 @@ def build_chat_model(
         "timeout": httpx_timeout(backend),
         "max_retries": 0,
         "stream_usage": True,
+        "max_tokens": backend.default_max_tokens,
         **overrides,
     }
     if http_async_client is not None:

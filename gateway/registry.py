@@ -112,6 +112,9 @@ class Backend(_Frozen):
     """Name of the environment variable holding the API key, if the server needs one."""
     timeouts: Timeouts = Timeouts()
     capabilities: Capabilities
+    default_max_tokens: int | None = Field(default=None, gt=0)
+    """Completion cap for requests that set none. Without it a rambling model runs to
+    the end of its context window (llama.cpp then fails the request with a 400)."""
     launch: LocalLaunch | None = None
     """Set on a ``llamacpp`` backend that Switchyard starts itself."""
 

@@ -73,6 +73,8 @@ class ModelGateway:
         backend = self.registry.resolve(alias)
         self.check_capabilities(backend, body)
         payload = {**body, "model": backend.model}
+        if backend.default_max_tokens and "max_tokens" not in body and "max_completion_tokens" not in body:
+            payload["max_tokens"] = backend.default_max_tokens
         response = await open_chat(self._pool(backend), backend.id, backend.base_url, backend.api_key or "not-needed", payload)
         return backend, response
 

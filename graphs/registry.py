@@ -21,11 +21,12 @@ import importlib.util
 import re
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -68,7 +69,10 @@ class RegisteredGraph:
     graph_id: str
     spec: GraphSpec
     graph: Pregel[Any, Any, Any, Any]
-    """The compiled graph."""
+    """The compiled graph, without a checkpointer: for stateless runs."""
+    threaded: Pregel[Any, Any, Any, Any] | None = None
+    """The same graph with a checkpointer, for runs on a thread (its state persists
+    between runs); set by `GraphRegistry.with_checkpointer`."""
 
 
 def _import_module(graph_id: str, target: str, path: str) -> ModuleType:
@@ -153,6 +157,16 @@ class GraphRegistry:
             graph = _compile(graph_id, spec, load_target(graph_id, spec.path), deps)
             loaded[graph_id] = RegisteredGraph(graph_id=graph_id, spec=spec, graph=graph)
         return cls(loaded)
+
+    def with_checkpointer(self, checkpointer: BaseCheckpointSaver[Any]) -> GraphRegistry:
+        """The same graphs, each with a ``threaded`` copy that keeps state in
+        ``checkpointer`` (the stateless ``graph`` is left as it is)."""
+        return GraphRegistry(
+            {
+                graph_id: replace(entry, threaded=entry.graph.copy(update={"checkpointer": checkpointer}))
+                for graph_id, entry in self._graphs.items()
+            }
+        )
 
     def get(self, graph_id: str) -> RegisteredGraph:
         """The graph registered under ``graph_id``.

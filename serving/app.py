@@ -17,8 +17,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.errors import install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
+from serving.langgraph_api.router import router as langgraph_router
+from serving.langgraph_api.service import LangGraphService
 from serving.openai.router import router as openai_router
 from serving.openai.service import ChatCompletionService
+from serving.persistence import open_thread_stores
 from serving.platform import Platform
 from serving.settings import Settings
 
@@ -42,6 +45,10 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         app.state.platform = built
         app.state.metrics = metrics
         app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics)
+        stores = await open_thread_stores(settings)
+        app.state.langgraph_service = LangGraphService(
+            built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer
+        )
         log.info(
             "serving graphs %s and model aliases %s",
             ", ".join(built.graphs.ids()),
@@ -50,12 +57,14 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         try:
             yield
         finally:
+            await stores.aclose()
             await built.aclose()
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
     app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(langgraph_router)
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:

@@ -21,7 +21,7 @@ from graphs import GraphError, UnknownGraphError
 from serving.observability import REQUEST_ID_HEADER, current_request_id
 from serving.openai.protocol import ErrorBody, ErrorResponse
 
-__all__ = ["ApiError", "error_body", "install_error_handlers", "to_api_error"]
+__all__ = ["ApiError", "RequestError", "ServingError", "error_body", "install_error_handlers", "to_api_error"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,14 @@ class ApiError:
     type: str
     param: str | None = None
     code: str | None = None
+
+
+class ServingError(Exception):
+    """A request refused with a specific status (404 unknown thread, 409 busy...)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(message)
 
 
 class RequestError(Exception):
@@ -52,6 +60,9 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(status=404, message=str(exc), type="invalid_request_error", param="model", code="model_not_found")
     if isinstance(exc, CapabilityError):
         return ApiError(status=400, message=str(exc), type="invalid_request_error", param=exc.param, code="unsupported_capability")
+    if isinstance(exc, ServingError):
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        return ApiError(status=exc.status, message=str(exc), type=kind)
     if isinstance(exc, RequestError):
         return ApiError(status=400, message=str(exc), type="invalid_request_error", param=exc.param, code=exc.code)
     if isinstance(exc, BackendUnavailableError):
@@ -76,8 +87,12 @@ def error_body(error: ApiError) -> ErrorResponse:
     return ErrorResponse(error=ErrorBody(message=error.message, type=error.type, param=error.param, code=error.code))
 
 
-def _response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(error).model_dump(), status_code=error.status)
+def _response(request: Request, error: ApiError) -> JSONResponse:
+    # OpenAI routes get the OpenAI shape; the LangGraph API gets the LangGraph Server
+    # (FastAPI) shape, {"detail": ...}, which langgraph-sdk turns into its messages.
+    if request.url.path.startswith("/v1/") or request.url.path == "/v1":
+        return JSONResponse(error_body(error).model_dump(), status_code=error.status)
+    return JSONResponse({"detail": error.message}, status_code=error.status)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -95,22 +110,21 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every error into the OpenAI shape."""
 
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         message, param = _validation_message(exc)
-        return _response(ApiError(status=400, message=message, type="invalid_request_error", param=param, code="invalid_value"))
+        error = ApiError(status=400, message=message, type="invalid_request_error", param=param, code="invalid_value")
+        return _response(request, error)
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(
-            error_body(ApiError(status=exc.status_code, message=str(exc.detail), type=kind)).model_dump(),
-            status_code=exc.status_code,
-            headers=exc.headers,
-        )
+        response = _response(request, ApiError(status=exc.status_code, message=str(exc.detail), type=kind))
+        response.headers.update(exc.headers or {})
+        return response
 
-    async def on_domain_error(_: Request, exc: Exception) -> JSONResponse:
-        return _response(to_api_error(exc))
+    async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
+        return _response(request, to_api_error(exc))
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Runs in Starlette's outermost middleware, outside the request-id middleware:
@@ -123,12 +137,12 @@ def install_error_handlers(app: FastAPI) -> None:
             type="internal_error",
             code="internal_error",
         )
-        response = _response(error)
+        response = _response(request, error)
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    for domain in (GatewayError, GraphError, RequestError):
+    for domain in (GatewayError, GraphError, RequestError, ServingError):
         app.add_exception_handler(domain, on_domain_error)
     app.add_exception_handler(Exception, on_unexpected)

@@ -154,6 +154,7 @@ def server(
                 "chat-failing": {"path": "graphs.chat:make_graph", "model": "fake-500"},
                 "chat-fake": {"path": "graphs.chat:make_graph", "model": "fake-ok"},
                 "crash": {"path": "tests.fakes.graphs:make_crashing_graph", "model": "fake-ok"},
+                "confirm": {"path": "tests.fakes.graphs:make_confirm_graph", "model": "chat-default"},
             },
         },
     )

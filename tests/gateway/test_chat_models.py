@@ -85,3 +85,16 @@ async def test_schema_constrained_output_is_valid_json(gateway: ModelGateway) ->
     answer = await model.ainvoke([HumanMessage("Name the capital of France and its country, as JSON.")])
     parsed = json.loads(answer.content)
     assert set(parsed) == {"city", "country"} and all(isinstance(v, str) for v in parsed.values())
+
+
+async def test_requests_without_a_limit_get_the_backend_default(gateway: ModelGateway) -> None:
+    backend = gateway.backend("chat-default")
+    assert backend.default_max_tokens == 512
+    answer = await gateway.chat_model("chat-default").ainvoke(
+        [HumanMessage("Continue this list forever: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,")], temperature=0
+    )
+    assert answer.usage_metadata is not None and answer.usage_metadata["output_tokens"] == 512
+    relayed = await gateway.complete_chat(
+        "chat-default", {"messages": [{"role": "user", "content": "Continue this list forever: 1, 2, 3,"}], "temperature": 0}
+    )
+    assert relayed["usage"]["completion_tokens"] == 512

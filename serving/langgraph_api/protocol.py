@@ -1,0 +1,96 @@
+"""Wire models of the LangGraph Server API (requests; responses are plain JSON built
+by the service, in the shapes of ``langgraph_sdk.schema``).
+
+Request models ignore unknown fields: newer SDKs send more (``durability``,
+``strict_resume``, ``langsmith_tracer``...) than a given server knows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "AssistantSearch",
+    "HistoryRequest",
+    "RunCreate",
+    "ThreadCreate",
+    "ThreadSearch",
+    "assistant_uuid",
+]
+
+_SYSTEM_ASSISTANT_NAMESPACE = uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
+
+
+def assistant_uuid(graph_id: str) -> str:
+    """The id of a graph's system assistant, as LangGraph Server derives it (so a
+    client may address a graph by name or by this id)."""
+    return str(uuid.uuid5(_SYSTEM_ASSISTANT_NAMESPACE, graph_id))
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AssistantSearch(_Request):
+    """``POST /assistants/search``."""
+
+    graph_id: str | None = None
+    name: str | None = None
+    metadata: dict[str, Any] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+
+
+class ThreadCreate(_Request):
+    """``POST /threads``."""
+
+    thread_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    if_exists: Literal["raise", "do_nothing"] = "raise"
+
+
+class ThreadSearch(_Request):
+    """``POST /threads/search``: metadata containment, status, paging."""
+
+    metadata: dict[str, Any] | None = None
+    status: Literal["idle", "busy", "interrupted", "error"] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+
+
+class HistoryRequest(_Request):
+    """``POST /threads/{id}/history``."""
+
+    limit: int = Field(default=10, ge=1, le=1000)
+    before: dict[str, Any] | str | None = None
+
+
+StreamModeName = Literal["values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"]
+
+
+class RunCreate(_Request):
+    """``POST /threads/{id}/runs/stream|wait`` and ``POST /runs/stream|wait``."""
+
+    assistant_id: str
+    """A graph id, or its system assistant's UUID."""
+    input: dict[str, Any] | None = None
+    command: dict[str, Any] | None = None
+    """``{"resume": value}`` (and/or ``update``, ``goto``): replaces ``input``."""
+    stream_mode: StreamModeName | list[StreamModeName] = "values"
+    stream_subgraphs: bool = False
+    config: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None
+    checkpoint_id: str | None = None
+    if_not_exists: Literal["reject", "create"] = "reject"
+    on_completion: Literal["delete", "keep"] | None = None
+    multitask_strategy: Literal["reject", "interrupt", "rollback", "enqueue"] = "reject"
+
+    def modes(self) -> list[str]:
+        """The requested stream modes, de-duplicated, ``values`` when none."""
+        requested = [self.stream_mode] if isinstance(self.stream_mode, str) else list(self.stream_mode)
+        return list(dict.fromkeys(requested)) or ["values"]

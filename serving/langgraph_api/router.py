@@ -1,0 +1,141 @@
+"""Routes of the LangGraph Server API; the work is in `LangGraphService`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Request, Response
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from serving.deps import RequestIdDep
+from serving.langgraph_api.protocol import AssistantSearch, HistoryRequest, RunCreate, ThreadCreate, ThreadSearch
+from serving.langgraph_api.service import LangGraphService, dumps
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["langgraph"])
+
+
+def _service(request: Request) -> LangGraphService:
+    service: LangGraphService = request.app.state.langgraph_service
+    return service
+
+
+ServiceDep = Annotated[LangGraphService, Depends(_service)]
+
+
+def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(dumps(value), status_code=status, media_type="application/json", headers=headers)
+
+
+@router.get("/ok")
+async def ok() -> dict[str, bool]:
+    """Liveness, as LangGraph Server answers it."""
+    return {"ok": True}
+
+
+@router.get("/info")
+async def info() -> dict[str, Any]:
+    """Server information (Agent Chat UI checks it answers)."""
+    return {"version": "switchyard-0.1.0", "flags": {"assistants": True, "crons": False, "langsmith": False}}
+
+
+@router.post("/assistants/search")
+async def search_assistants(service: ServiceDep, body: AssistantSearch | None = None) -> Response:
+    """One assistant per registered graph."""
+    return _json(service.search_assistants(body or AssistantSearch()))
+
+
+@router.get("/assistants/{assistant_id}")
+async def get_assistant(assistant_id: str, service: ServiceDep) -> Response:
+    return _json(service.get_assistant(assistant_id))
+
+
+@router.post("/threads")
+async def create_thread(service: ServiceDep, body: ThreadCreate | None = None) -> Response:
+    return _json(await service.create_thread(body or ThreadCreate()))
+
+
+@router.post("/threads/search")
+async def search_threads(service: ServiceDep, body: ThreadSearch | None = None) -> Response:
+    return _json(await service.search_threads(body or ThreadSearch()))
+
+
+@router.get("/threads/{thread_id}")
+async def get_thread(thread_id: str, service: ServiceDep) -> Response:
+    return _json(await service.get_thread(thread_id))
+
+
+@router.get("/threads/{thread_id}/state")
+async def get_thread_state(thread_id: str, service: ServiceDep) -> Response:
+    return _json(await service.thread_state(thread_id))
+
+
+@router.post("/threads/{thread_id}/history")
+async def get_thread_history(thread_id: str, service: ServiceDep, body: HistoryRequest | None = None) -> Response:
+    return _json(await service.thread_history(thread_id, (body or HistoryRequest()).limit))
+
+
+def _location(thread_id: str | None, run_id: str) -> str:
+    # Not ".../stream": the SDKs read the run id from this header with a greedy pattern.
+    return f"/threads/{thread_id}/runs/{run_id}" if thread_id else f"/runs/{run_id}"
+
+
+async def _sse(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[ServerSentEvent]:
+    async with aclosing(events) as stream:
+        index = 0
+        async for name, data in stream:
+            yield ServerSentEvent(data=dumps(data), event=name, id=str(index))
+            index += 1
+
+
+async def _stream(
+    service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
+) -> EventSourceResponse:
+    run_id, thread, events = await service.start_run(thread_id, body, request_id)
+    return EventSourceResponse(
+        _sse(events),
+        headers={"Content-Location": _location(thread, run_id)},
+        ping=request.app.state.platform.settings.server.keepalive_s,
+    )
+
+
+async def _wait(service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str) -> Response:
+    run_id, thread, events = await service.start_run(thread_id, body.model_copy(update={"stream_mode": "values"}), request_id)
+    result: Any = None
+    async with aclosing(events) as stream:
+        async for name, data in stream:
+            if name == "values":
+                result = data
+            elif name == "error":
+                result = {"__error__": data}
+    return _json(result, headers={"Content-Location": _location(thread, run_id)})
+
+
+RunBody = Annotated[RunCreate, Body()]
+
+
+@router.post("/threads/{thread_id}/runs/stream")
+async def stream_thread_run(thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventSourceResponse:
+    """Run a graph on a thread; events stream as SSE (``metadata`` first)."""
+    return await _stream(service, thread_id, body, request_id, request)
+
+
+@router.post("/runs/stream")
+async def stream_stateless_run(body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventSourceResponse:
+    """Run a graph on a temporary thread, deleted afterwards (unless ``on_completion: keep``)."""
+    return await _stream(service, None, body, request_id, request)
+
+
+@router.post("/threads/{thread_id}/runs/wait")
+async def wait_thread_run(thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep) -> Response:
+    """Run a graph on a thread; answer with its final state values."""
+    return await _wait(service, thread_id, body, request_id)
+
+
+@router.post("/runs/wait")
+async def wait_stateless_run(body: RunBody, service: ServiceDep, request_id: RequestIdDep) -> Response:
+    """Run a graph on a temporary thread; answer with its final state values."""
+    return await _wait(service, None, body, request_id)

@@ -1,0 +1,316 @@
+"""Assistants, threads and runs over the graph registry and the checkpointer.
+
+One assistant per registered graph (id = graph id, or its system-assistant UUID). A
+thread is a record in `ThreadStore` plus checkpoints in the LangGraph checkpointer; a
+run streams the graph's v2 parts as LangGraph Server SSE events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.pregel import Pregel
+from langgraph.types import Command, Interrupt, StateSnapshot
+from pydantic import BaseModel
+
+from graphs import GraphRegistry, RegisteredGraph, RunContext
+from serving._tasks import detached
+from serving.errors import ServingError
+from serving.langgraph_api.protocol import AssistantSearch, RunCreate, ThreadCreate, ThreadSearch, assistant_uuid
+from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
+
+__all__ = ["LangGraphService", "dumps"]
+
+log = logging.getLogger(__name__)
+
+# Client stream mode -> LangGraph stream mode (and SSE event name, the same except
+# "messages-tuple", whose events are named "messages" on the wire).
+_LIB_MODE = {"messages-tuple": "messages"}
+_STARTED = datetime.now(UTC).isoformat()
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, Interrupt):
+        return {"value": value.value, "id": value.id}
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset)):
+        return list(value)
+    return repr(value)
+
+
+def dumps(value: Any) -> str:
+    """JSON for the wire: LangChain messages as their ``model_dump()``, interrupts as
+    ``{"value", "id"}``."""
+    return orjson.dumps(value, default=_default, option=orjson.OPT_PASSTHROUGH_DATACLASS).decode()
+
+
+def _interrupts(interrupts: Any) -> list[dict[str, Any]]:
+    return [{"value": i.value, "id": i.id} for i in interrupts or ()]
+
+
+class LangGraphService:
+    """The LangGraph Server API's operations, independent of HTTP."""
+
+    def __init__(self, graphs: GraphRegistry, threads: ThreadStore, checkpointer: BaseCheckpointSaver[Any]) -> None:
+        self._graphs = graphs
+        self._threads = threads
+        self._checkpointer = checkpointer
+        self._active: set[str] = set()
+
+    # ---- assistants ------------------------------------------------------------------
+
+    def _assistant(self, entry: RegisteredGraph) -> dict[str, Any]:
+        return {
+            "assistant_id": assistant_uuid(entry.graph_id),
+            "graph_id": entry.graph_id,
+            "name": entry.graph_id,
+            "description": entry.spec.description or None,
+            "config": {},
+            "context": {},
+            "metadata": {"created_by": "system", "model": entry.spec.model},
+            "version": 1,
+            "created_at": _STARTED,
+            "updated_at": _STARTED,
+        }
+
+    def resolve(self, assistant_id: str) -> RegisteredGraph:
+        """The graph behind an assistant id (graph id or system-assistant UUID).
+
+        Raises:
+            ServingError: 404 naming the known assistants.
+        """
+        for entry in self._graphs:
+            if assistant_id in (entry.graph_id, assistant_uuid(entry.graph_id)):
+                return entry
+        raise ServingError(404, f"assistant {assistant_id!r} not found; graphs: {', '.join(self._graphs.ids())}")
+
+    def search_assistants(self, query: AssistantSearch) -> list[dict[str, Any]]:
+        found = [
+            self._assistant(entry)
+            for entry in self._graphs
+            if (query.graph_id is None or entry.graph_id == query.graph_id)
+            and (query.name is None or query.name.lower() in entry.graph_id.lower())
+        ]
+        if query.metadata:
+            found = [a for a in found if all(a["metadata"].get(k) == v for k, v in query.metadata.items())]
+        return found[query.offset : query.offset + query.limit]
+
+    def get_assistant(self, assistant_id: str) -> dict[str, Any]:
+        return self._assistant(self.resolve(assistant_id))
+
+    # ---- threads ---------------------------------------------------------------------
+
+    def _threaded(self, graph_id: str | None) -> Pregel[Any, Any, Any, Any] | None:
+        if graph_id is None or graph_id not in self._graphs:
+            return None
+        return self._graphs.get(graph_id).threaded
+
+    async def _snapshot(self, record: ThreadRecord) -> StateSnapshot | None:
+        graph = self._threaded(record.graph_id)
+        if graph is None:
+            return None
+        snapshot = await graph.aget_state({"configurable": {"thread_id": record.thread_id}})
+        return snapshot if snapshot.created_at is not None else None
+
+    async def _thread_json(self, record: ThreadRecord) -> dict[str, Any]:
+        snapshot = await self._snapshot(record)
+        interrupts = {task.id: _interrupts(task.interrupts) for task in snapshot.tasks if task.interrupts} if snapshot else {}
+        return {
+            "thread_id": record.thread_id,
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
+            "metadata": record.metadata,
+            "status": record.status,
+            "values": snapshot.values if snapshot else None,
+            "interrupts": interrupts,
+            "config": {},
+        }
+
+    async def _record(self, thread_id: str) -> ThreadRecord:
+        record = await self._threads.get(thread_id)
+        if record is None:
+            raise ServingError(404, f"thread {thread_id!r} not found")
+        return record
+
+    async def create_thread(self, body: ThreadCreate) -> dict[str, Any]:
+        record, created = await self._threads.create(
+            thread_id=body.thread_id, metadata=body.metadata, graph_id=(body.metadata or {}).get("graph_id")
+        )
+        if not created and body.if_exists == "raise":
+            raise ServingError(409, f"thread {record.thread_id!r} already exists")
+        return await self._thread_json(record)
+
+    async def get_thread(self, thread_id: str) -> dict[str, Any]:
+        return await self._thread_json(await self._record(thread_id))
+
+    async def search_threads(self, query: ThreadSearch) -> list[dict[str, Any]]:
+        records = await self._threads.search(
+            metadata=query.metadata, status=query.status, limit=query.limit, offset=query.offset
+        )
+        return [await self._thread_json(record) for record in records]
+
+    def _state_json(self, snapshot: StateSnapshot) -> dict[str, Any]:
+        def checkpoint(config: Any) -> dict[str, Any] | None:
+            if not config:
+                return None
+            configurable = config["configurable"]
+            return {
+                "thread_id": configurable.get("thread_id"),
+                "checkpoint_ns": configurable.get("checkpoint_ns", ""),
+                "checkpoint_id": configurable.get("checkpoint_id"),
+                "checkpoint_map": configurable.get("checkpoint_map"),
+            }
+
+        return {
+            "values": snapshot.values,
+            "next": list(snapshot.next),
+            "tasks": [
+                {
+                    "id": task.id,
+                    "name": task.name,
+                    "path": list(task.path),
+                    "error": str(task.error) if task.error else None,
+                    "interrupts": _interrupts(task.interrupts),
+                    "checkpoint": None,
+                    "state": None,
+                    "result": task.result,
+                }
+                for task in snapshot.tasks
+            ],
+            "checkpoint": checkpoint(snapshot.config),
+            "parent_checkpoint": checkpoint(snapshot.parent_config),
+            "metadata": snapshot.metadata,
+            "created_at": snapshot.created_at,
+            "interrupts": _interrupts(snapshot.interrupts),
+        }
+
+    async def thread_state(self, thread_id: str) -> dict[str, Any]:
+        snapshot = await self._snapshot(await self._record(thread_id))
+        if snapshot is None:
+            empty: dict[str, Any] = {"values": {}, "next": [], "tasks": [], "checkpoint": None}
+            return {**empty, "parent_checkpoint": None, "metadata": None, "created_at": None, "interrupts": []}
+        return self._state_json(snapshot)
+
+    async def thread_history(self, thread_id: str, limit: int) -> list[dict[str, Any]]:
+        record = await self._record(thread_id)
+        graph = self._threaded(record.graph_id)
+        if graph is None:
+            return []
+        config = {"configurable": {"thread_id": thread_id}}
+        return [self._state_json(snapshot) async for snapshot in graph.aget_state_history(config, limit=limit)]
+
+    # ---- runs ------------------------------------------------------------------------
+
+    async def start_run(
+        self, thread_id: str | None, body: RunCreate, request_id: str
+    ) -> tuple[str, str | None, AsyncIterator[tuple[str, Any]]]:
+        """Check the run can start, then return its id, its thread (None when
+        stateless) and its events ``(event name, data)``, starting with ``metadata``.
+
+        Raises:
+            ServingError: unknown assistant (404), missing thread (404), a thread with
+                a run in progress (409), an unsupported stream mode (400).
+        """
+        entry = self.resolve(body.assistant_id)
+        if entry.threaded is None:
+            raise ServingError(503, "threads are not available: no checkpointer configured")
+        stateless = thread_id is None
+        if stateless:
+            thread_id = str(uuid.uuid4())
+            if body.on_completion == "keep":
+                await self._threads.create(thread_id=thread_id, graph_id=entry.graph_id)
+        else:
+            assert thread_id is not None
+            record = await self._threads.get(thread_id)
+            if record is None:
+                if body.if_not_exists != "create":
+                    raise ServingError(404, f"thread {thread_id!r} not found")
+                await self._threads.create(thread_id=thread_id, graph_id=entry.graph_id)
+        if thread_id in self._active:
+            raise ServingError(409, f"thread {thread_id!r} already has a run in progress")
+        self._active.add(thread_id)
+        run_id = str(uuid.uuid4())
+        keep = not stateless or body.on_completion == "keep"
+        events = detached(self._run(entry, thread_id, run_id, body, request_id, keep=keep))
+        return run_id, (None if stateless else thread_id), events
+
+    async def _run(
+        self, entry: RegisteredGraph, thread_id: str, run_id: str, body: RunCreate, request_id: str, *, keep: bool
+    ) -> AsyncIterator[tuple[str, Any]]:
+        graph = entry.threaded
+        assert graph is not None
+        config: dict[str, Any] = dict(body.config or {})
+        configurable = {**config.get("configurable", {}), "thread_id": thread_id}
+        if body.checkpoint:
+            configurable.update({k: v for k, v in body.checkpoint.items() if k != "thread_id" and v is not None})
+        if body.checkpoint_id:
+            configurable["checkpoint_id"] = body.checkpoint_id
+        config["configurable"] = configurable
+        assistant_id = assistant_uuid(entry.graph_id)
+        config["metadata"] = {
+            **config.get("metadata", {}),
+            **(body.metadata or {}),
+            "run_id": run_id,
+            "thread_id": thread_id,
+            "graph_id": entry.graph_id,
+            "assistant_id": assistant_id,
+            "run_attempt": 1,
+        }
+        graph_input: Any = Command(**body.command) if body.command else body.input
+        context_fields = {f.name for f in dataclasses.fields(RunContext)}
+        context = RunContext(
+            **{k: v for k, v in (body.context or {}).items() if k in context_fields and k != "request_id"},
+            request_id=request_id,
+        )
+        modes = body.modes()
+        if keep:
+            await self._threads.update(thread_id, status="busy", graph_id=entry.graph_id)
+            await self._threads.set_metadata(thread_id, {"graph_id": entry.graph_id, "assistant_id": assistant_id})
+        status: ThreadStatus = "error"
+        try:
+            yield "metadata", {"run_id": run_id, "attempt": 1}
+            stream = graph.astream(
+                graph_input,
+                config,
+                context=context,
+                stream_mode=[_LIB_MODE.get(m, m) for m in modes],
+                subgraphs=body.stream_subgraphs,
+                version="v2",
+            )
+            async with aclosing(stream) as parts:
+                async for part in parts:
+                    kind = part["type"]
+                    name = "messages" if kind == "messages" else kind
+                    if part["ns"]:
+                        name = f"{name}|{'|'.join(part['ns'])}"
+                    data = part["data"]
+                    if kind == "values" and part.get("interrupts"):
+                        data = {**data, "__interrupt__": _interrupts(part["interrupts"])}
+                    elif kind == "messages":
+                        data = list(data)
+                    yield name, data
+            snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+            status = "interrupted" if snapshot.next else "idle"
+        except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
+            log.warning("run %s on thread %s failed: %r", run_id, thread_id, exc)
+            yield "error", {"error": exc.__class__.__name__, "message": str(exc)}
+        except BaseException:
+            status = "idle"  # cancelled (client gone, deadline): the thread stays usable
+            raise
+        finally:
+            self._active.discard(thread_id)
+            if keep:
+                await self._threads.update(thread_id, status=status)
+            else:
+                await self._checkpointer.adelete_thread(thread_id)
