@@ -17,6 +17,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.errors import install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
+from serving.auth import Authenticator
+from serving.deps import require_key
+from serving.langgraph_api.router import open_router as langgraph_open_router
 from serving.langgraph_api.router import router as langgraph_router
 from serving.langgraph_api.service import LangGraphService
 from serving.openai.router import router as openai_router
@@ -45,6 +48,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         app.state.platform = built
         app.state.metrics = metrics
         app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics)
+        app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings)
         app.state.langgraph_service = LangGraphService(
             built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer
@@ -65,6 +69,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(langgraph_router)
+    app.include_router(langgraph_open_router)
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:
@@ -83,7 +88,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
             {"status": "ready" if ready else "not ready", "backends": backends}, status_code=200 if ready else 503
         )
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], dependencies=[require_key])
     async def metrics() -> Response:
         """Prometheus metrics of this server."""
         return Response(generate_latest(app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

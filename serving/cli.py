@@ -24,6 +24,8 @@ from gateway.local import start_backend, stop_backend
 from graphs import GraphError, GraphRegistry, GraphSpec
 from graphs.cli import ask, graphs_app
 from serving.app import create_app
+from serving.auth import create_key, load_keys
+from serving.errors import ServingError
 from serving.observability import configure_logging
 from serving.platform import Platform
 from serving.settings import ConfigError, Settings, load_settings
@@ -138,6 +140,29 @@ def _exit_on_sigterm(signum: int, _: object) -> None:
     raise SystemExit(128 + signum)
 
 
+keys_app = typer.Typer(help="API keys (stored as hashes in the keys file).", no_args_is_help=True)
+
+
+@keys_app.command("create")
+def create_api_key(
+    ctx: typer.Context, tenant: Annotated[str, typer.Option(help="A tenant from the auth.tenants settings.")]
+) -> None:
+    """Create a key for a tenant; prints it once (only its hash is stored)."""
+    settings = ctx.obj.settings
+    key, record = create_key(settings.keys_file, tenant, settings.auth.tenants)
+    typer.echo(key)
+    typer.secho(f"key {record.id} for tenant {tenant} stored in {settings.keys_file}", err=True)
+
+
+@keys_app.command("list")
+def list_api_keys(ctx: typer.Context) -> None:
+    """Key ids and tenants (never the keys)."""
+    settings = ctx.obj.settings
+    for record in [*settings.auth.keys, *load_keys(settings.keys_file)]:
+        typer.echo(f"{record.id}\t{record.tenant}\t{record.created_at}")
+
+
+app.add_typer(keys_app, name="keys")
 app.add_typer(backend_app, name="backend")
 app.add_typer(graphs_app, name="graphs")
 app.command("ask")(ask)
@@ -155,7 +180,7 @@ def main() -> None:
         sys.path.insert(0, os.getcwd())
     try:
         app()
-    except (ConfigError, GatewayError, GraphError) as exc:
+    except (ConfigError, GatewayError, GraphError, ServingError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise SystemExit(1) from None
 

@@ -6,11 +6,12 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from serving.auth import Authenticator, Principal
 from serving.observability import ServingMetrics
 from serving.openai.service import ChatCompletionService
 from serving.platform import Platform
 
-__all__ = ["ChatServiceDep", "MetricsDep", "PlatformDep", "RequestIdDep"]
+__all__ = ["ChatServiceDep", "MetricsDep", "PlatformDep", "PrincipalDep", "RequestIdDep", "require_key"]
 
 
 def _platform(request: Request) -> Platform:
@@ -28,6 +29,13 @@ def _metrics(request: Request) -> ServingMetrics:
     return metrics
 
 
+def _principal(request: Request) -> Principal:
+    authenticator: Authenticator = request.app.state.authenticator
+    principal = authenticator.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    request.state.principal = principal
+    return principal
+
+
 def _request_id(request: Request) -> str:
     return str(request.scope.get("state", {}).get("request_id", "-"))
 
@@ -36,3 +44,7 @@ PlatformDep = Annotated[Platform, Depends(_platform)]
 ChatServiceDep = Annotated[ChatCompletionService, Depends(_chat_service)]
 MetricsDep = Annotated[ServingMetrics, Depends(_metrics)]
 RequestIdDep = Annotated[str, Depends(_request_id)]
+PrincipalDep = Annotated[Principal, Depends(_principal)]
+"""The authenticated caller (401 without a valid key, unless the server runs --dev)."""
+require_key = Depends(_principal)
+"""For ``dependencies=[...]`` on routers whose every route needs a key."""

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from gateway import GatewaySettings
 from graphs import GraphSpec
+from serving.auth import AuthSettings
 
 __all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings"]
 
@@ -50,7 +51,7 @@ class ServerSettings(BaseModel):
     """Interface to bind; loopback by default."""
     port: int = Field(default=8000, ge=1, le=65535)
     dev: bool = False
-    """Local single-user mode (``serve --dev``). Later: API keys are required unless set."""
+    """Local single-user mode (``serve --dev``): no API keys, one implicit tenant."""
     keepalive_s: float = Field(default=15.0, gt=0)
     """Interval of SSE keepalive comments on idle streams."""
 
@@ -81,6 +82,13 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = GatewaySettings()
     graphs: dict[str, GraphSpec] = Field(default_factory=_default_graphs)
     """Graph id -> entry. Replaces the defaults when given in the YAML file."""
+    auth: AuthSettings = AuthSettings()
+    """Tenants and API keys (required unless ``server.dev``)."""
+
+    @property
+    def keys_file(self) -> Path:
+        """Where ``switchyard keys create`` stores key hashes."""
+        return self.auth.keys_file or self.data_dir / "keys.yaml"
 
 
 class _YamlSource(PydanticBaseSettingsSource):

@@ -27,6 +27,7 @@ run failed."""
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS switchyard_threads (
     thread_id  TEXT PRIMARY KEY,
+    tenant     TEXT NOT NULL,
     graph_id   TEXT,
     status     TEXT NOT NULL,
     metadata   TEXT NOT NULL,
@@ -45,6 +46,8 @@ class ThreadRecord:
     """One thread's record (its state is in the checkpointer)."""
 
     thread_id: str
+    tenant: str
+    """The tenant that owns it; other tenants do not see it (404)."""
     graph_id: str | None
     status: ThreadStatus
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -72,35 +75,50 @@ class ThreadStore:
         await self._db.close()
 
     async def create(
-        self, *, thread_id: str | None = None, metadata: Mapping[str, Any] | None = None, graph_id: str | None = None
-    ) -> tuple[ThreadRecord, bool]:
-        """Create a thread, or return the existing one with that id.
+        self,
+        *,
+        tenant: str,
+        thread_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        graph_id: str | None = None,
+    ) -> tuple[ThreadRecord | None, bool]:
+        """Create a thread for ``tenant``, or find the existing one with that id.
 
         Returns:
-            The record and whether it was created now.
+            The record and whether it was created now. The record is None when the id
+            exists but belongs to another tenant (callers answer as if it were taken,
+            without revealing the owner).
         """
         thread_id = thread_id or str(uuid.uuid4())
-        existing = await self.get(thread_id)
+        existing = await self._get_any(thread_id)
         if existing is not None:
-            return existing, False
+            return (existing if existing.tenant == tenant else None), False
         now = _now()
         record = ThreadRecord(
-            thread_id=thread_id, graph_id=graph_id, status="idle", metadata=dict(metadata or {}), created_at=now, updated_at=now
+            thread_id=thread_id,
+            tenant=tenant,
+            graph_id=graph_id,
+            status="idle",
+            metadata=dict(metadata or {}),
+            created_at=now,
+            updated_at=now,
         )
         await self._db.execute(
-            "INSERT INTO switchyard_threads VALUES (?, ?, ?, ?, ?, ?)",
-            (thread_id, graph_id, record.status, json.dumps(record.metadata), now, now),
+            "INSERT INTO switchyard_threads VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (thread_id, tenant, graph_id, record.status, json.dumps(record.metadata), now, now),
         )
         await self._db.commit()
         return record, True
 
-    async def get(self, thread_id: str) -> ThreadRecord | None:
-        async with self._db.execute(
-            "SELECT thread_id, graph_id, status, metadata, created_at, updated_at FROM switchyard_threads WHERE thread_id = ?",
-            (thread_id,),
-        ) as cursor:
+    async def _get_any(self, thread_id: str) -> ThreadRecord | None:
+        async with self._db.execute(f"SELECT {_COLUMNS} FROM switchyard_threads WHERE thread_id = ?", (thread_id,)) as cursor:
             row = await cursor.fetchone()
         return _record(row) if row else None
+
+    async def get(self, thread_id: str, *, tenant: str) -> ThreadRecord | None:
+        """The thread, if it exists and belongs to ``tenant``."""
+        record = await self._get_any(thread_id)
+        return record if record is not None and record.tenant == tenant else None
 
     async def update(
         self, thread_id: str, *, status: ThreadStatus | None = None, graph_id: str | None = None
@@ -115,7 +133,7 @@ class ThreadStore:
 
     async def set_metadata(self, thread_id: str, values: Mapping[str, Any]) -> None:
         """Merge ``values`` into a thread's metadata."""
-        record = await self.get(thread_id)
+        record = await self._get_any(thread_id)
         if record is None:
             return
         await self._db.execute(
@@ -131,30 +149,40 @@ class ThreadStore:
     async def search(
         self,
         *,
+        tenant: str,
         metadata: Mapping[str, Any] | None = None,
         status: ThreadStatus | None = None,
         limit: int = 10,
         offset: int = 0,
     ) -> list[ThreadRecord]:
-        """Threads whose metadata contains every given key/value, newest first."""
-        clauses, params = [], []
+        """The tenant's threads whose metadata contains every given key/value, newest
+        first."""
+        clauses, params = ["tenant = ?"], [tenant]
         if status is not None:
             clauses.append("status = ?")
             params.append(status)
         for key, value in (metadata or {}).items():
             clauses.append("json_extract(metadata, ?) = json_extract(?, '$')")
             params.extend([f'$."{key}"', json.dumps(value)])
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         query = (
-            "SELECT thread_id, graph_id, status, metadata, created_at, updated_at FROM switchyard_threads "
-            f"{where} ORDER BY created_at DESC LIMIT ? OFFSET ?"
+            f"SELECT {_COLUMNS} FROM switchyard_threads "
+            f"WHERE {' AND '.join(clauses)} ORDER BY created_at DESC LIMIT ? OFFSET ?"
         )
         async with self._db.execute(query, (*params, limit, offset)) as cursor:
             rows = await cursor.fetchall()
         return [_record(row) for row in rows]
 
 
+_COLUMNS = "thread_id, tenant, graph_id, status, metadata, created_at, updated_at"
+
+
 def _record(row: Any) -> ThreadRecord:
     return ThreadRecord(
-        thread_id=row[0], graph_id=row[1], status=row[2], metadata=json.loads(row[3]), created_at=row[4], updated_at=row[5]
+        thread_id=row[0],
+        tenant=row[1],
+        graph_id=row[2],
+        status=row[3],
+        metadata=json.loads(row[4]),
+        created_at=row[5],
+        updated_at=row[6],
     )

@@ -94,17 +94,23 @@ class ServerHandle:
 
 
 def start_server(
-    tmp: Path, config: dict[str, object], *, wait_ready: bool = True, cwd: Path = REPO, env: dict[str, str] | None = None
+    tmp: Path,
+    config: dict[str, object],
+    *,
+    wait_ready: bool = True,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    dev: bool = True,
 ) -> ServerHandle:
-    """Run ``switchyard serve`` with ``config`` on a free port; wait for /readyz
-    (or only /healthz)."""
+    """Run ``switchyard serve`` with ``config`` on a free port (``--dev`` unless told
+    otherwise); wait for /readyz (or only /healthz)."""
     port = free_port()
     data_dir = tmp / "data"
     config_file = tmp / "switchyard.yaml"
     config_file.write_text(yaml.safe_dump({"data_dir": str(data_dir), **config}))
     with (tmp / "server.out").open("wb") as output:
         process = subprocess.Popen(
-            [str(SWITCHYARD), "serve", "--config", str(config_file), "--port", str(port), "--dev"],
+            [str(SWITCHYARD), "serve", "--config", str(config_file), "--port", str(port), *(["--dev"] if dev else [])],
             cwd=cwd,
             stdout=output,
             stderr=subprocess.STDOUT,

@@ -9,13 +9,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Request, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from serving.deps import RequestIdDep
+from serving.deps import PrincipalDep, RequestIdDep, require_key
 from serving.langgraph_api.protocol import AssistantSearch, HistoryRequest, RunCreate, ThreadCreate, ThreadSearch
 from serving.langgraph_api.service import LangGraphService, dumps
 
-__all__ = ["router"]
+__all__ = ["open_router", "router"]
 
-router = APIRouter(tags=["langgraph"])
+router = APIRouter(tags=["langgraph"], dependencies=[require_key])
 
 
 def _service(request: Request) -> LangGraphService:
@@ -30,7 +30,11 @@ def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) 
     return Response(dumps(value), status_code=status, media_type="application/json", headers=headers)
 
 
-@router.get("/ok")
+open_router = APIRouter(tags=["langgraph"])
+"""Routes that need no key: LangGraph Server's liveness probe (like ``/healthz``)."""
+
+
+@open_router.get("/ok")
 async def ok() -> dict[str, bool]:
     """Liveness, as LangGraph Server answers it."""
     return {"ok": True}
@@ -43,39 +47,41 @@ async def info() -> dict[str, Any]:
 
 
 @router.post("/assistants/search")
-async def search_assistants(service: ServiceDep, body: AssistantSearch | None = None) -> Response:
-    """One assistant per registered graph."""
-    return _json(service.search_assistants(body or AssistantSearch()))
+async def search_assistants(service: ServiceDep, principal: PrincipalDep, body: AssistantSearch | None = None) -> Response:
+    """One assistant per registered graph the caller may use."""
+    return _json(service.search_assistants(body or AssistantSearch(), principal))
 
 
 @router.get("/assistants/{assistant_id}")
-async def get_assistant(assistant_id: str, service: ServiceDep) -> Response:
-    return _json(service.get_assistant(assistant_id))
+async def get_assistant(assistant_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+    return _json(service.get_assistant(assistant_id, principal))
 
 
 @router.post("/threads")
-async def create_thread(service: ServiceDep, body: ThreadCreate | None = None) -> Response:
-    return _json(await service.create_thread(body or ThreadCreate()))
+async def create_thread(service: ServiceDep, principal: PrincipalDep, body: ThreadCreate | None = None) -> Response:
+    return _json(await service.create_thread(body or ThreadCreate(), principal))
 
 
 @router.post("/threads/search")
-async def search_threads(service: ServiceDep, body: ThreadSearch | None = None) -> Response:
-    return _json(await service.search_threads(body or ThreadSearch()))
+async def search_threads(service: ServiceDep, principal: PrincipalDep, body: ThreadSearch | None = None) -> Response:
+    return _json(await service.search_threads(body or ThreadSearch(), principal))
 
 
 @router.get("/threads/{thread_id}")
-async def get_thread(thread_id: str, service: ServiceDep) -> Response:
-    return _json(await service.get_thread(thread_id))
+async def get_thread(thread_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+    return _json(await service.get_thread(thread_id, principal))
 
 
 @router.get("/threads/{thread_id}/state")
-async def get_thread_state(thread_id: str, service: ServiceDep) -> Response:
-    return _json(await service.thread_state(thread_id))
+async def get_thread_state(thread_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+    return _json(await service.thread_state(thread_id, principal))
 
 
 @router.post("/threads/{thread_id}/history")
-async def get_thread_history(thread_id: str, service: ServiceDep, body: HistoryRequest | None = None) -> Response:
-    return _json(await service.thread_history(thread_id, (body or HistoryRequest()).limit))
+async def get_thread_history(
+    thread_id: str, service: ServiceDep, principal: PrincipalDep, body: HistoryRequest | None = None
+) -> Response:
+    return _json(await service.thread_history(thread_id, (body or HistoryRequest()).limit, principal))
 
 
 def _location(thread_id: str | None, run_id: str) -> str:
@@ -94,7 +100,7 @@ async def _sse(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[ServerSe
 async def _stream(
     service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
 ) -> EventSourceResponse:
-    run_id, thread, events = await service.start_run(thread_id, body, request_id)
+    run_id, thread, events = await service.start_run(thread_id, body, request_id, request.state.principal)
     return EventSourceResponse(
         _sse(events),
         headers={"Content-Location": _location(thread, run_id)},
@@ -102,8 +108,11 @@ async def _stream(
     )
 
 
-async def _wait(service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str) -> Response:
-    run_id, thread, events = await service.start_run(thread_id, body.model_copy(update={"stream_mode": "values"}), request_id)
+async def _wait(
+    service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
+) -> Response:
+    values_only = body.model_copy(update={"stream_mode": "values"})
+    run_id, thread, events = await service.start_run(thread_id, values_only, request_id, request.state.principal)
     result: Any = None
     async with aclosing(events) as stream:
         async for name, data in stream:
@@ -130,12 +139,14 @@ async def stream_stateless_run(body: RunBody, service: ServiceDep, request_id: R
 
 
 @router.post("/threads/{thread_id}/runs/wait")
-async def wait_thread_run(thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep) -> Response:
+async def wait_thread_run(
+    thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request
+) -> Response:
     """Run a graph on a thread; answer with its final state values."""
-    return await _wait(service, thread_id, body, request_id)
+    return await _wait(service, thread_id, body, request_id, request)
 
 
 @router.post("/runs/wait")
-async def wait_stateless_run(body: RunBody, service: ServiceDep, request_id: RequestIdDep) -> Response:
+async def wait_stateless_run(body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> Response:
     """Run a graph on a temporary thread; answer with its final state values."""
-    return await _wait(service, None, body, request_id)
+    return await _wait(service, None, body, request_id, request)

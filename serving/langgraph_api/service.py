@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from graphs import GraphRegistry, RegisteredGraph, RunContext
 from serving._tasks import detached
+from serving.auth import Principal
 from serving.errors import ServingError
 from serving.langgraph_api.protocol import AssistantSearch, RunCreate, ThreadCreate, ThreadSearch, assistant_uuid
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
@@ -84,30 +85,35 @@ class LangGraphService:
             "updated_at": _STARTED,
         }
 
-    def resolve(self, assistant_id: str) -> RegisteredGraph:
+    def resolve(self, assistant_id: str, principal: Principal) -> RegisteredGraph:
         """The graph behind an assistant id (graph id or system-assistant UUID).
 
         Raises:
-            ServingError: 404 naming the known assistants.
+            ServingError: 404 naming the tenant's assistants; 403 for a graph the
+                tenant may not use.
         """
         for entry in self._graphs:
             if assistant_id in (entry.graph_id, assistant_uuid(entry.graph_id)):
+                if not principal.settings.allows_graph(entry.graph_id):
+                    raise ServingError(403, f"tenant {principal.tenant!r} may not use graph {entry.graph_id!r}")
                 return entry
-        raise ServingError(404, f"assistant {assistant_id!r} not found; graphs: {', '.join(self._graphs.ids())}")
+        allowed = [g for g in self._graphs.ids() if principal.settings.allows_graph(g)]
+        raise ServingError(404, f"assistant {assistant_id!r} not found; graphs: {', '.join(allowed)}")
 
-    def search_assistants(self, query: AssistantSearch) -> list[dict[str, Any]]:
+    def search_assistants(self, query: AssistantSearch, principal: Principal) -> list[dict[str, Any]]:
         found = [
             self._assistant(entry)
             for entry in self._graphs
-            if (query.graph_id is None or entry.graph_id == query.graph_id)
+            if principal.settings.allows_graph(entry.graph_id)
+            and (query.graph_id is None or entry.graph_id == query.graph_id)
             and (query.name is None or query.name.lower() in entry.graph_id.lower())
         ]
         if query.metadata:
             found = [a for a in found if all(a["metadata"].get(k) == v for k, v in query.metadata.items())]
         return found[query.offset : query.offset + query.limit]
 
-    def get_assistant(self, assistant_id: str) -> dict[str, Any]:
-        return self._assistant(self.resolve(assistant_id))
+    def get_assistant(self, assistant_id: str, principal: Principal) -> dict[str, Any]:
+        return self._assistant(self.resolve(assistant_id, principal))
 
     # ---- threads ---------------------------------------------------------------------
 
@@ -137,26 +143,29 @@ class LangGraphService:
             "config": {},
         }
 
-    async def _record(self, thread_id: str) -> ThreadRecord:
-        record = await self._threads.get(thread_id)
-        if record is None:
+    async def _record(self, thread_id: str, principal: Principal) -> ThreadRecord:
+        record = await self._threads.get(thread_id, tenant=principal.tenant)
+        if record is None:  # also another tenant's thread: 404, never 403
             raise ServingError(404, f"thread {thread_id!r} not found")
         return record
 
-    async def create_thread(self, body: ThreadCreate) -> dict[str, Any]:
+    async def create_thread(self, body: ThreadCreate, principal: Principal) -> dict[str, Any]:
         record, created = await self._threads.create(
-            thread_id=body.thread_id, metadata=body.metadata, graph_id=(body.metadata or {}).get("graph_id")
+            tenant=principal.tenant,
+            thread_id=body.thread_id,
+            metadata=body.metadata,
+            graph_id=(body.metadata or {}).get("graph_id"),
         )
-        if not created and body.if_exists == "raise":
-            raise ServingError(409, f"thread {record.thread_id!r} already exists")
+        if record is None or (not created and body.if_exists == "raise"):
+            raise ServingError(409, f"thread {body.thread_id!r} already exists")
         return await self._thread_json(record)
 
-    async def get_thread(self, thread_id: str) -> dict[str, Any]:
-        return await self._thread_json(await self._record(thread_id))
+    async def get_thread(self, thread_id: str, principal: Principal) -> dict[str, Any]:
+        return await self._thread_json(await self._record(thread_id, principal))
 
-    async def search_threads(self, query: ThreadSearch) -> list[dict[str, Any]]:
+    async def search_threads(self, query: ThreadSearch, principal: Principal) -> list[dict[str, Any]]:
         records = await self._threads.search(
-            metadata=query.metadata, status=query.status, limit=query.limit, offset=query.offset
+            tenant=principal.tenant, metadata=query.metadata, status=query.status, limit=query.limit, offset=query.offset
         )
         return [await self._thread_json(record) for record in records]
 
@@ -195,15 +204,15 @@ class LangGraphService:
             "interrupts": _interrupts(snapshot.interrupts),
         }
 
-    async def thread_state(self, thread_id: str) -> dict[str, Any]:
-        snapshot = await self._snapshot(await self._record(thread_id))
+    async def thread_state(self, thread_id: str, principal: Principal) -> dict[str, Any]:
+        snapshot = await self._snapshot(await self._record(thread_id, principal))
         if snapshot is None:
             empty: dict[str, Any] = {"values": {}, "next": [], "tasks": [], "checkpoint": None}
             return {**empty, "parent_checkpoint": None, "metadata": None, "created_at": None, "interrupts": []}
         return self._state_json(snapshot)
 
-    async def thread_history(self, thread_id: str, limit: int) -> list[dict[str, Any]]:
-        record = await self._record(thread_id)
+    async def thread_history(self, thread_id: str, limit: int, principal: Principal) -> list[dict[str, Any]]:
+        record = await self._record(thread_id, principal)
         graph = self._threaded(record.graph_id)
         if graph is None:
             return []
@@ -213,7 +222,7 @@ class LangGraphService:
     # ---- runs ------------------------------------------------------------------------
 
     async def start_run(
-        self, thread_id: str | None, body: RunCreate, request_id: str
+        self, thread_id: str | None, body: RunCreate, request_id: str, principal: Principal
     ) -> tuple[str, str | None, AsyncIterator[tuple[str, Any]]]:
         """Check the run can start, then return its id, its thread (None when
         stateless) and its events ``(event name, data)``, starting with ``metadata``.
@@ -222,21 +231,23 @@ class LangGraphService:
             ServingError: unknown assistant (404), missing thread (404), a thread with
                 a run in progress (409), an unsupported stream mode (400).
         """
-        entry = self.resolve(body.assistant_id)
+        entry = self.resolve(body.assistant_id, principal)
         if entry.threaded is None:
             raise ServingError(503, "threads are not available: no checkpointer configured")
         stateless = thread_id is None
         if stateless:
             thread_id = str(uuid.uuid4())
             if body.on_completion == "keep":
-                await self._threads.create(thread_id=thread_id, graph_id=entry.graph_id)
+                await self._threads.create(tenant=principal.tenant, thread_id=thread_id, graph_id=entry.graph_id)
         else:
             assert thread_id is not None
-            record = await self._threads.get(thread_id)
+            record = await self._threads.get(thread_id, tenant=principal.tenant)
             if record is None:
                 if body.if_not_exists != "create":
                     raise ServingError(404, f"thread {thread_id!r} not found")
-                await self._threads.create(thread_id=thread_id, graph_id=entry.graph_id)
+                created, _ = await self._threads.create(tenant=principal.tenant, thread_id=thread_id, graph_id=entry.graph_id)
+                if created is None:  # the id is another tenant's thread
+                    raise ServingError(404, f"thread {thread_id!r} not found")
         if thread_id in self._active:
             raise ServingError(409, f"thread {thread_id!r} already has a run in progress")
         self._active.add(thread_id)

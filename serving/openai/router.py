@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
-from serving.deps import ChatServiceDep, RequestIdDep
+from serving.deps import ChatServiceDep, PrincipalDep, RequestIdDep, require_key
 from serving.errors import error_body, to_api_error
 from serving.openai.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelList
 
@@ -18,7 +18,7 @@ __all__ = ["router"]
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[require_key])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 404, 502, 503)
@@ -26,9 +26,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 @router.get("/models", response_model=ModelList)
-async def list_models(service: ChatServiceDep) -> ModelList:
-    """Graphs and model aliases; each id is a valid ``model`` for chat completions."""
-    return service.models()
+async def list_models(service: ChatServiceDep, principal: PrincipalDep) -> ModelList:
+    """The graphs and model aliases the caller may use; each id is a valid ``model``."""
+    return service.models(principal)
 
 
 async def _after_first(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -49,16 +49,16 @@ async def _after_first(first: str, rest: AsyncIterator[str]) -> AsyncIterator[st
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
 async def chat_completions(
-    body: ChatCompletionRequest, service: ChatServiceDep, request_id: RequestIdDep, request: Request
+    body: ChatCompletionRequest, service: ChatServiceDep, request_id: RequestIdDep, principal: PrincipalDep, request: Request
 ) -> Any:
     """Run a graph, or relay to a model alias; ``stream: true`` answers over SSE."""
     log.info("chat completion model=%s stream=%s messages=%d", body.model, body.stream, len(body.messages))
     if not body.stream:
-        answer = await service.complete(body, request_id)
+        answer = await service.complete(body, request_id, principal)
         # An alias's answer is the backend's JSON as it came (logprobs, reasoning,
         # usage details...); only graph answers are built from our own models.
         return JSONResponse(answer) if isinstance(answer, dict) else answer
-    stream = service.stream(body, request_id)
+    stream = service.stream(body, request_id, principal)
     try:
         # Pull the first payload before answering, so a bad request or a backend that
         # is down becomes a JSON error with its real status, not a 200 stream.

@@ -21,7 +21,8 @@ from langchain_core.messages import BaseMessage, convert_to_messages
 from gateway import ModelGateway
 from graphs import Finish, GraphEvent, GraphRegistry, RunContext, TextDelta, ToolCallDelta, message_events
 from serving._tasks import detached
-from serving.errors import RequestError
+from serving.auth import Principal
+from serving.errors import RequestError, ServingError
 from serving.observability import ServingMetrics
 from serving.openai.protocol import (
     ChatCompletion,
@@ -94,14 +95,19 @@ class ChatCompletionService:
         self._graphs = graphs
         self._metrics = metrics
 
-    def models(self) -> ModelList:
-        """Graphs first, then model aliases; each is a valid ``model`` value."""
-        cards = [ModelCard(id=g, owned_by="switchyard-graph") for g in self._graphs.ids()]
-        cards += [ModelCard(id=a, owned_by="switchyard-alias") for a in self._gateway.registry.aliases]
+    def models(self, principal: Principal) -> ModelList:
+        """Graphs first, then model aliases, those the caller may use."""
+        allowed = principal.settings
+        cards = [ModelCard(id=g, owned_by="switchyard-graph") for g in self._graphs.ids() if allowed.allows_graph(g)]
+        cards += [
+            ModelCard(id=a, owned_by="switchyard-alias") for a in self._gateway.registry.aliases if allowed.allows_model(a)
+        ]
         return ModelList(data=cards)
 
-    def _check(self, request: ChatCompletionRequest) -> str:
+    def _check(self, request: ChatCompletionRequest, principal: Principal) -> str:
         if request.model in self._graphs:
+            if not principal.settings.allows_graph(request.model):
+                raise ServingError(403, f"tenant {principal.tenant!r} may not use graph {request.model!r}")
             if request.n != 1:
                 raise RequestError("a graph answers once: only n=1 is supported", param="n")
             if request.model_extra:
@@ -115,6 +121,8 @@ class ChatCompletionService:
             self._gateway.check_capabilities(self._gateway.backend(spec.model), request.model_dump(exclude_none=True))
             return "graph"
         self._gateway.backend(request.model)  # raises UnknownModelError naming what exists
+        if not principal.settings.allows_model(request.model):
+            raise ServingError(403, f"tenant {principal.tenant!r} may not use model {request.model!r}")
         return "alias"
 
     def _run_events(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[GraphEvent]:
@@ -130,14 +138,14 @@ class ChatCompletionService:
 
     # ---- streaming -------------------------------------------------------------------
 
-    async def stream(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
+    async def stream(self, request: ChatCompletionRequest, request_id: str, principal: Principal) -> AsyncIterator[str]:
         """The SSE ``data:`` payloads of a streamed answer, ending with ``[DONE]``.
 
         Raises before yielding anything if the request is invalid or the backend is
         down (callers turn that into a JSON error with its status); after the first
         payload, errors are the caller's to encode as a final error event.
         """
-        kind = self._check(request)
+        kind = self._check(request, principal)
         events = self._graph_chunks(request, request_id) if kind == "graph" else self._alias_chunks(request)
         started = time.perf_counter()
         self._metrics.runs_in_flight.inc()
@@ -215,9 +223,11 @@ class ChatCompletionService:
 
     # ---- whole answers ---------------------------------------------------------------
 
-    async def complete(self, request: ChatCompletionRequest, request_id: str) -> ChatCompletion | dict[str, Any]:
+    async def complete(
+        self, request: ChatCompletionRequest, request_id: str, principal: Principal
+    ) -> ChatCompletion | dict[str, Any]:
         """A whole answer (``stream: false``)."""
-        kind = self._check(request)
+        kind = self._check(request, principal)
         self._metrics.runs_in_flight.inc()
         outcome = "error"
         try:

@@ -1,0 +1,120 @@
+"""Tenants and API keys on a server started without --dev: keys from
+``switchyard keys create``, 401 without a valid key, 403 for a graph the tenant may not
+use, 404 for another tenant's thread."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from langgraph_sdk import get_client
+from langgraph_sdk.errors import ConflictError, NotFoundError, PermissionDeniedError
+
+from gateway import Backend
+from tests.conftest import REPO, SWITCHYARD, ServerHandle, start_server, stop_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.llm]
+
+TENANTS = {
+    "acme": {"graphs": ["chat"], "models": []},
+    "globex": {"graphs": ["*"], "models": ["*"]},
+}
+
+
+def _key(config: Path, tenant: str) -> str:
+    result = subprocess.run(
+        [str(SWITCHYARD), "--config", str(config), "keys", "create", "--tenant", tenant],
+        capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory, local_backend: Backend) -> Iterator[tuple[ServerHandle, dict[str, str]]]:
+    tmp = tmp_path_factory.mktemp("auth")
+    settings = {
+        "data_dir": str(tmp / "data"),
+        "gateway": {"models_file": str(REPO / "config/models.yaml")},
+        "graphs": {
+            "chat": {"path": "graphs.chat:make_graph"},
+            "chat-too": {"path": "graphs.chat:make_graph"},
+        },
+        "auth": {"tenants": TENANTS},
+    }
+    config = tmp / "switchyard.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    keys = {tenant: _key(config, tenant) for tenant in TENANTS}
+    stored = (tmp / "data" / "keys.yaml").read_text()
+    assert all(key not in stored for key in keys.values())  # only hashes are kept
+    handle = start_server(tmp, {k: v for k, v in settings.items() if k != "data_dir"}, dev=False)
+    try:
+        yield handle, keys
+    finally:
+        stop_server(handle)
+
+
+def test_missing_or_wrong_key_is_401_except_health(secured: tuple[ServerHandle, dict[str, str]]) -> None:
+    server, keys = secured
+    assert httpx.get(server.url + "/healthz").status_code == 200
+    assert httpx.get(server.url + "/readyz").status_code == 200
+    for path in ("/v1/models", "/metrics", "/info"):
+        assert httpx.get(server.url + path).status_code == 401
+        assert httpx.get(server.url + path, headers={"Authorization": "Bearer sy-wrong"}).status_code == 401
+    denied = httpx.post(server.url + "/threads/search", json={})
+    assert denied.status_code == 401 and "API key" in denied.json()["detail"]
+    ok = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {keys['globex']}"})
+    assert ok.status_code == 200
+    assert httpx.get(server.url + "/metrics", headers={"x-api-key": keys["globex"]}).status_code == 200
+
+
+def test_tenants_see_only_what_they_may_use(secured: tuple[ServerHandle, dict[str, str]]) -> None:
+    server, keys = secured
+    acme = {"Authorization": f"Bearer {keys['acme']}"}
+    models = httpx.get(server.url + "/v1/models", headers=acme).json()["data"]
+    assert [m["id"] for m in models] == ["chat"]
+    body = {"model": "chat-too", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    forbidden = httpx.post(server.url + "/v1/chat/completions", json=body, headers=acme)
+    assert forbidden.status_code == 403 and forbidden.json()["error"]["type"] == "invalid_request_error"
+    alias = httpx.post(server.url + "/v1/chat/completions", json={**body, "model": "chat-default"}, headers=acme)
+    assert alias.status_code == 403
+    allowed = httpx.post(server.url + "/v1/chat/completions", json={**body, "model": "chat"}, headers=acme)
+    assert allowed.status_code == 200
+
+
+async def test_another_tenants_thread_is_404(secured: tuple[ServerHandle, dict[str, str]]) -> None:
+    server, keys = secured
+    acme = get_client(url=server.url, api_key=keys["acme"])
+    globex = get_client(url=server.url, api_key=keys["globex"])
+    assert [a["graph_id"] for a in await acme.assistants.search()] == ["chat"]
+    with pytest.raises(PermissionDeniedError):
+        await acme.assistants.get("chat-too")
+    thread = await acme.threads.create(metadata={"owner": "acme"})
+    tid = thread["thread_id"]
+    await acme.runs.wait(tid, "chat", input={"messages": [{"role": "user", "content": "hi"}]},
+                         context={"model_params": {"max_tokens": 8}})
+    assert (await acme.threads.get(tid))["status"] == "idle"
+    with pytest.raises(NotFoundError):
+        await globex.threads.get(tid)
+    with pytest.raises(NotFoundError):
+        await globex.threads.get_state(tid)
+    assert tid not in [t["thread_id"] for t in await globex.threads.search(limit=100)]
+    with pytest.raises(httpx.HTTPStatusError) as run:
+        await globex.runs.wait(tid, "chat", input={"messages": [{"role": "user", "content": "hi"}]})
+    assert run.value.response.status_code == 404
+    with pytest.raises(ConflictError, match="already exists$"):  # taken, by someone: no owner revealed
+        await globex.threads.create(thread_id=tid, if_exists="do_nothing")
+    for client in (acme, globex):
+        await client.http.client.aclose()
+
+
+def test_a_key_created_while_the_server_runs_works_at_once(secured: tuple[ServerHandle, dict[str, str]]) -> None:
+    server, _ = secured
+    fresh = _key(server.config, "globex")
+    response = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {fresh}"})
+    assert response.status_code == 200
