@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from serving.errors import install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
 from serving.auth import Authenticator
+from serving.limits import BodySizeLimit, RateLimiter, RunSlots
 from serving.deps import require_key
 from serving.langgraph_api.router import open_router as langgraph_open_router
 from serving.langgraph_api.router import router as langgraph_router
@@ -47,11 +48,13 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         metrics = ServingMetrics()
         app.state.platform = built
         app.state.metrics = metrics
-        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics)
+        app.state.rate_limiter = RateLimiter()
+        slots = RunSlots(server_max=settings.server.max_concurrent_runs)
+        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics, slots)
         app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings)
         app.state.langgraph_service = LangGraphService(
-            built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer
+            built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, slots
         )
         log.info(
             "serving graphs %s and model aliases %s",
@@ -65,7 +68,8 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
             await built.aclose()
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)
+    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so even a 413 has an id
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(langgraph_router)

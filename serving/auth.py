@@ -166,7 +166,9 @@ class Authenticator:
         self._loaded_mtime: float | None = None
         self._by_hash: dict[str, KeyRecord] = {}
         self._load()
-        self._dev = Principal(tenant=DEV_TENANT, key_id="-", settings=TenantSettings())
+        # --dev: one local user, bound only by the server-wide limits.
+        unlimited = TenantLimits(requests_per_s=1e9, burst=10**9, max_concurrent_runs=10**9)
+        self._dev = Principal(tenant=DEV_TENANT, key_id="-", settings=TenantSettings(limits=unlimited))
 
     def _mtime(self) -> float | None:
         try:

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from serving.auth import Authenticator, Principal
+from serving.limits import RateLimiter
 from serving.observability import ServingMetrics
 from serving.openai.service import ChatCompletionService
 from serving.platform import Platform
@@ -32,6 +33,9 @@ def _metrics(request: Request) -> ServingMetrics:
 def _principal(request: Request) -> Principal:
     authenticator: Authenticator = request.app.state.authenticator
     principal = authenticator.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    if authenticator.enabled:
+        limiter: RateLimiter = request.app.state.rate_limiter
+        limiter.check(principal)
     request.state.principal = principal
     return principal
 

@@ -9,6 +9,7 @@ generic message that names it.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -38,10 +39,16 @@ class ApiError:
 
 
 class ServingError(Exception):
-    """A request refused with a specific status (404 unknown thread, 409 busy...)."""
+    """A request refused with a specific status (404 unknown thread, 409 busy, 429...).
 
-    def __init__(self, status: int, message: str) -> None:
+    Attributes:
+        status: the HTTP status.
+        retry_after_s: for 429/503, when to try again (sent as ``Retry-After``).
+    """
+
+    def __init__(self, status: int, message: str, *, retry_after_s: float | None = None) -> None:
         self.status = status
+        self.retry_after_s = retry_after_s
         super().__init__(message)
 
 
@@ -61,7 +68,8 @@ def to_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, CapabilityError):
         return ApiError(status=400, message=str(exc), type="invalid_request_error", param=exc.param, code="unsupported_capability")
     if isinstance(exc, ServingError):
-        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        kind = {429: "rate_limit_error", 504: "timeout"}.get(exc.status)
+        kind = kind or ("invalid_request_error" if exc.status < 500 else "server_error")
         return ApiError(status=exc.status, message=str(exc), type=kind)
     if isinstance(exc, RequestError):
         return ApiError(status=400, message=str(exc), type="invalid_request_error", param=exc.param, code=exc.code)
@@ -124,7 +132,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return response
 
     async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
-        return _response(request, to_api_error(exc))
+        response = _response(request, to_api_error(exc))
+        if isinstance(exc, ServingError) and exc.retry_after_s is not None:
+            response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        return response
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Runs in Starlette's outermost middleware, outside the request-id middleware:

@@ -54,6 +54,10 @@ class ServerSettings(BaseModel):
     """Local single-user mode (``serve --dev``): no API keys, one implicit tenant."""
     keepalive_s: float = Field(default=15.0, gt=0)
     """Interval of SSE keepalive comments on idle streams."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    """Larger request bodies get 413."""
+    max_concurrent_runs: int = Field(default=128, ge=1)
+    """Runs in progress at once on this server, all keys together (429 beyond)."""
 
 
 def _default_graphs() -> dict[str, GraphSpec]:

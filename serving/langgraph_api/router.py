@@ -7,11 +7,12 @@ from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
 from serving.deps import PrincipalDep, RequestIdDep, require_key
 from serving.langgraph_api.protocol import AssistantSearch, HistoryRequest, RunCreate, ThreadCreate, ThreadSearch
 from serving.langgraph_api.service import LangGraphService, dumps
+from serving.sse import EventStream
 
 __all__ = ["open_router", "router"]
 
@@ -89,9 +90,10 @@ def _location(thread_id: str | None, run_id: str) -> str:
     return f"/threads/{thread_id}/runs/{run_id}" if thread_id else f"/runs/{run_id}"
 
 
-async def _sse(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[ServerSentEvent]:
+async def _sse(first: tuple[str, Any], events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[ServerSentEvent]:
     async with aclosing(events) as stream:
-        index = 0
+        yield ServerSentEvent(data=dumps(first[1]), event=first[0], id="0")
+        index = 1
         async for name, data in stream:
             yield ServerSentEvent(data=dumps(data), event=name, id=str(index))
             index += 1
@@ -99,10 +101,13 @@ async def _sse(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[ServerSe
 
 async def _stream(
     service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
-) -> EventSourceResponse:
+) -> EventStream:
     run_id, thread, events = await service.start_run(thread_id, body, request_id, request.state.principal)
-    return EventSourceResponse(
-        _sse(events),
+    # Start the run now (its first event is `metadata`): a started run always finishes
+    # its clean-up (thread status, run slot), even if the response never gets sent.
+    first = await anext(events)
+    return EventStream(
+        _sse(first, events),
         headers={"Content-Location": _location(thread, run_id)},
         ping=request.app.state.platform.settings.server.keepalive_s,
     )
@@ -127,13 +132,13 @@ RunBody = Annotated[RunCreate, Body()]
 
 
 @router.post("/threads/{thread_id}/runs/stream")
-async def stream_thread_run(thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventSourceResponse:
+async def stream_thread_run(thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventStream:
     """Run a graph on a thread; events stream as SSE (``metadata`` first)."""
     return await _stream(service, thread_id, body, request_id, request)
 
 
 @router.post("/runs/stream")
-async def stream_stateless_run(body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventSourceResponse:
+async def stream_stateless_run(body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventStream:
     """Run a graph on a temporary thread, deleted afterwards (unless ``on_completion: keep``)."""
     return await _stream(service, None, body, request_id, request)
 

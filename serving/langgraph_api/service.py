@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +25,7 @@ from graphs import GraphRegistry, RegisteredGraph, RunContext
 from serving._tasks import detached
 from serving.auth import Principal
 from serving.errors import ServingError
+from serving.limits import RunSlots
 from serving.langgraph_api.protocol import AssistantSearch, RunCreate, ThreadCreate, ThreadSearch, assistant_uuid
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
@@ -63,10 +64,13 @@ def _interrupts(interrupts: Any) -> list[dict[str, Any]]:
 class LangGraphService:
     """The LangGraph Server API's operations, independent of HTTP."""
 
-    def __init__(self, graphs: GraphRegistry, threads: ThreadStore, checkpointer: BaseCheckpointSaver[Any]) -> None:
+    def __init__(
+        self, graphs: GraphRegistry, threads: ThreadStore, checkpointer: BaseCheckpointSaver[Any], slots: RunSlots
+    ) -> None:
         self._graphs = graphs
         self._threads = threads
         self._checkpointer = checkpointer
+        self._slots = slots
         self._active: set[str] = set()
 
     # ---- assistants ------------------------------------------------------------------
@@ -250,14 +254,23 @@ class LangGraphService:
                     raise ServingError(404, f"thread {thread_id!r} not found")
         if thread_id in self._active:
             raise ServingError(409, f"thread {thread_id!r} already has a run in progress")
+        release = self._slots.acquire(principal)
         self._active.add(thread_id)
         run_id = str(uuid.uuid4())
         keep = not stateless or body.on_completion == "keep"
-        events = detached(self._run(entry, thread_id, run_id, body, request_id, keep=keep))
+        events = detached(self._run(entry, thread_id, run_id, body, request_id, keep=keep, release=release))
         return run_id, (None if stateless else thread_id), events
 
     async def _run(
-        self, entry: RegisteredGraph, thread_id: str, run_id: str, body: RunCreate, request_id: str, *, keep: bool
+        self,
+        entry: RegisteredGraph,
+        thread_id: str,
+        run_id: str,
+        body: RunCreate,
+        request_id: str,
+        *,
+        keep: bool,
+        release: Callable[[], None],
     ) -> AsyncIterator[tuple[str, Any]]:
         graph = entry.threaded
         assert graph is not None
@@ -320,6 +333,7 @@ class LangGraphService:
             status = "idle"  # cancelled (client gone, deadline): the thread stays usable
             raise
         finally:
+            release()
             self._active.discard(thread_id)
             if keep:
                 await self._threads.update(thread_id, status=status)

@@ -8,11 +8,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse
 
 from serving.deps import ChatServiceDep, PrincipalDep, RequestIdDep, require_key
 from serving.errors import error_body, to_api_error
 from serving.openai.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelList
+from serving.sse import EventStream
 
 __all__ = ["router"]
 
@@ -66,7 +66,7 @@ async def chat_completions(
     except BaseException:
         await stream.aclose()
         raise
-    return EventSourceResponse(
+    return EventStream(
         _after_first(first, stream),
         ping=request.app.state.platform.settings.server.keepalive_s,
     )

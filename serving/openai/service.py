@@ -23,6 +23,7 @@ from graphs import Finish, GraphEvent, GraphRegistry, RunContext, TextDelta, Too
 from serving._tasks import detached
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
+from serving.limits import RunSlots
 from serving.observability import ServingMetrics
 from serving.openai.protocol import (
     ChatCompletion,
@@ -90,10 +91,11 @@ class ChatCompletionService:
     """Serves ``/v1/chat/completions`` and ``/v1/models`` from the platform's graphs
     and model aliases."""
 
-    def __init__(self, gateway: ModelGateway, graphs: GraphRegistry, metrics: ServingMetrics) -> None:
+    def __init__(self, gateway: ModelGateway, graphs: GraphRegistry, metrics: ServingMetrics, slots: RunSlots) -> None:
         self._gateway = gateway
         self._graphs = graphs
         self._metrics = metrics
+        self._slots = slots
 
     def models(self, principal: Principal) -> ModelList:
         """Graphs first, then model aliases, those the caller may use."""
@@ -146,6 +148,7 @@ class ChatCompletionService:
         payload, errors are the caller's to encode as a final error event.
         """
         kind = self._check(request, principal)
+        release = self._slots.acquire(principal)
         events = self._graph_chunks(request, request_id) if kind == "graph" else self._alias_chunks(request)
         started = time.perf_counter()
         self._metrics.runs_in_flight.inc()
@@ -164,6 +167,7 @@ class ChatCompletionService:
             outcome = "cancelled" if not isinstance(exc, Exception) else "error"
             raise
         finally:
+            release()
             self._metrics.runs_in_flight.dec()
             self._metrics.runs.labels(kind, outcome).inc()
 
@@ -228,6 +232,7 @@ class ChatCompletionService:
     ) -> ChatCompletion | dict[str, Any]:
         """A whole answer (``stream: false``)."""
         kind = self._check(request, principal)
+        release = self._slots.acquire(principal)
         self._metrics.runs_in_flight.inc()
         outcome = "error"
         try:
@@ -239,6 +244,7 @@ class ChatCompletionService:
             outcome = "ok"
             return answer
         finally:
+            release()
             self._metrics.runs_in_flight.dec()
             self._metrics.runs.labels(kind, outcome).inc()
 

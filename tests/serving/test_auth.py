@@ -1,11 +1,13 @@
-"""Tenants and API keys on a server started without --dev: keys from
+"""Tenants, API keys and limits on a server started without --dev: keys from
 ``switchyard keys create``, 401 without a valid key, 403 for a graph the tenant may not
-use, 404 for another tenant's thread."""
+use, 404 for another tenant's thread, 429 past a key's rate or concurrency limit or the
+server's, 413 for an oversized body."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +25,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.llm]
 TENANTS = {
     "acme": {"graphs": ["chat"], "models": []},
     "globex": {"graphs": ["*"], "models": ["*"]},
+    "tiny": {"limits": {"requests_per_s": 0.5, "burst": 3, "max_concurrent_runs": 1}},
 }
+LONG = {"model": "chat", "max_tokens": 400, "stream": True,
+        "messages": [{"role": "user", "content": "Continue this list forever: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"}]}
 
 
 def _key(config: Path, tenant: str) -> str:
@@ -46,6 +51,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory, local_backend: Backend) ->
             "chat-too": {"path": "graphs.chat:make_graph"},
         },
         "auth": {"tenants": TENANTS},
+        "server": {"max_concurrent_runs": 2, "max_body_bytes": 65536},
     }
     config = tmp / "switchyard.yaml"
     config.write_text(yaml.safe_dump(settings))
@@ -118,3 +124,64 @@ def test_a_key_created_while_the_server_runs_works_at_once(secured: tuple[Server
     fresh = _key(server.config, "globex")
     response = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {fresh}"})
     assert response.status_code == 200
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_oversized_bodies_are_413(secured: tuple[ServerHandle, dict[str, str]]) -> None:
+    server, keys = secured
+    big = {"model": "chat", "messages": [{"role": "user", "content": "x" * 70_000}]}
+    response = httpx.post(server.url + "/v1/chat/completions", json=big, headers=_bearer(keys["globex"]))
+    assert response.status_code == 413 and "65536" in response.json()["detail"]
+    assert response.headers["x-request-id"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        yield b'{"model": "chat", "messages": [{"role": "user", "content": "'
+        for _ in range(20):
+            yield b"y" * 8192
+        yield b'"}]}'
+
+    chunked = httpx.post(server.url + "/v1/chat/completions", content=chunks(),
+                         headers={**_bearer(keys["globex"]), "content-type": "application/json"})
+    assert chunked.status_code == 413
+
+
+def test_a_key_over_its_rate_gets_429_while_others_are_served(secured: tuple[ServerHandle, dict[str, str]]) -> None:
+    server, keys = secured
+    tiny = _key(server.config, "tiny")
+    statuses = [httpx.get(server.url + "/v1/models", headers=_bearer(tiny)) for _ in range(6)]
+    assert [r.status_code for r in statuses[:3]] == [200, 200, 200]  # the burst
+    limited = [r for r in statuses[3:] if r.status_code == 429]
+    assert limited, [r.status_code for r in statuses]
+    assert int(limited[0].headers["Retry-After"]) >= 1
+    assert limited[0].json()["error"]["type"] == "rate_limit_error"
+    assert httpx.get(server.url + "/v1/models", headers=_bearer(keys["globex"])).status_code == 200
+
+
+def test_concurrent_runs_are_capped_per_key_and_per_server(secured: tuple[ServerHandle, dict[str, str]]) -> None:
+    server, keys = secured
+    tiny = _key(server.config, "tiny")
+    url = server.url + "/v1/chat/completions"
+    with httpx.Client(timeout=60) as first, httpx.Client(timeout=60) as second:
+        with first.stream("POST", url, json=LONG, headers=_bearer(tiny)) as held:
+            assert held.status_code == 200
+            held_lines = held.iter_lines()  # kept: dropping the iterator would close the stream
+            next(held_lines)
+            again = httpx.post(url, json=LONG, headers=_bearer(tiny))
+            assert again.status_code == 429 and "concurrent runs" in again.json()["error"]["message"]
+            with second.stream("POST", url, json=LONG, headers=_bearer(keys["globex"])) as other:
+                assert other.status_code == 200  # another key is not held back by tiny's cap
+                other_lines = other.iter_lines()
+                next(other_lines)
+                full = httpx.post(url, json=LONG, headers=_bearer(keys["globex"]))
+                assert full.status_code == 429 and "server is at its limit of 2" in full.json()["error"]["message"]
+    # Both streams closed: their slots are free again.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        answer = httpx.post(url, json={**LONG, "stream": False, "max_tokens": 4}, headers=_bearer(keys["globex"]), timeout=60)
+        if answer.status_code == 200:
+            break
+        time.sleep(0.2)
+    assert answer.status_code == 200, answer.text
