@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-__all__ = ["detached"]
+__all__ = ["RunDeadlineError", "detached"]
 
 T = TypeVar("T")
 
@@ -28,20 +28,40 @@ _END: Any = object()
 _PUMPS: set[asyncio.Task[None]] = set()
 
 
-async def detached(source: AsyncIterator[T], *, buffer: int = 64) -> AsyncIterator[T]:
+class RunDeadlineError(Exception):
+    """A run went past its deadline and was cancelled.
+
+    Attributes:
+        deadline_s: the deadline it had.
+    """
+
+    def __init__(self, deadline_s: float) -> None:
+        self.deadline_s = deadline_s
+        super().__init__(f"the run exceeded its deadline of {deadline_s:g}s and was cancelled")
+
+
+async def detached(source: AsyncIterator[T], *, deadline_s: float | None = None, buffer: int = 64) -> AsyncIterator[T]:
     """Iterate ``source`` from a separate task; closing this iterator cancels it.
 
     Args:
         source: an async generator; it is closed (``aclose``) inside the task.
+        deadline_s: cancel the source after this long; the consumer then gets
+            `RunDeadlineError` (after the items produced before it).
         buffer: items the task may run ahead of the consumer (backpressure beyond).
     """
     queue: asyncio.Queue[tuple[Any, BaseException | None]] = asyncio.Queue(maxsize=buffer)
 
     async def pump() -> None:
+        timeout = asyncio.timeout(deadline_s)
         try:
-            async with aclosing(source) as items:  # type: ignore[type-var]
-                async for item in items:
-                    await queue.put((item, None))
+            async with timeout:
+                async with aclosing(source) as items:  # type: ignore[type-var]
+                    async for item in items:
+                        await queue.put((item, None))
+        except TimeoutError as exc:
+            # Ours only if the deadline fired; a TimeoutError from the source is its own.
+            await queue.put((_END, RunDeadlineError(deadline_s or 0) if timeout.expired() else exc))
+            return
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # handed to the consumer, which re-raises it

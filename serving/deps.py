@@ -7,12 +7,13 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from serving.auth import Authenticator, Principal
+from serving.errors import RequestError
 from serving.limits import RateLimiter
 from serving.observability import ServingMetrics
 from serving.openai.service import ChatCompletionService
 from serving.platform import Platform
 
-__all__ = ["ChatServiceDep", "MetricsDep", "PlatformDep", "PrincipalDep", "RequestIdDep", "require_key"]
+__all__ = ["ChatServiceDep", "DeadlineDep", "MetricsDep", "PlatformDep", "PrincipalDep", "RequestIdDep", "require_key"]
 
 
 def _platform(request: Request) -> Platform:
@@ -40,6 +41,20 @@ def _principal(request: Request) -> Principal:
     return principal
 
 
+def _deadline(request: Request) -> float:
+    configured: float = request.app.state.platform.settings.server.run_deadline_s
+    asked = request.headers.get("x-run-deadline-s")
+    if asked is None:
+        return configured
+    try:
+        value = float(asked)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise RequestError("x-run-deadline-s must be a positive number of seconds", param="x-run-deadline-s")
+    return min(value, configured)
+
+
 def _request_id(request: Request) -> str:
     return str(request.scope.get("state", {}).get("request_id", "-"))
 
@@ -49,6 +64,8 @@ ChatServiceDep = Annotated[ChatCompletionService, Depends(_chat_service)]
 MetricsDep = Annotated[ServingMetrics, Depends(_metrics)]
 RequestIdDep = Annotated[str, Depends(_request_id)]
 PrincipalDep = Annotated[Principal, Depends(_principal)]
+DeadlineDep = Annotated[float, Depends(_deadline)]
+"""Seconds this request's run may take: the configured deadline, or less if asked."""
 """The authenticated caller (401 without a valid key, unless the server runs --dev)."""
 require_key = Depends(_principal)
 """For ``dependencies=[...]`` on routers whose every route needs a key."""

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import BackendResponseError, BackendUnavailableError, CapabilityError, GatewayError, UnknownModelError
 from graphs import GraphError, UnknownGraphError
+from serving._tasks import RunDeadlineError
 from serving.observability import REQUEST_ID_HEADER, current_request_id
 from serving.openai.protocol import ErrorBody, ErrorResponse
 
@@ -67,6 +68,8 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(status=404, message=str(exc), type="invalid_request_error", param="model", code="model_not_found")
     if isinstance(exc, CapabilityError):
         return ApiError(status=400, message=str(exc), type="invalid_request_error", param=exc.param, code="unsupported_capability")
+    if isinstance(exc, RunDeadlineError):
+        return ApiError(status=504, message=str(exc), type="timeout", code="deadline_exceeded")
     if isinstance(exc, ServingError):
         kind = {429: "rate_limit_error", 504: "timeout"}.get(exc.status)
         kind = kind or ("invalid_request_error" if exc.status < 500 else "server_error")
@@ -154,6 +157,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    for domain in (GatewayError, GraphError, RequestError, ServingError):
+    for domain in (GatewayError, GraphError, RequestError, ServingError, RunDeadlineError):
         app.add_exception_handler(domain, on_domain_error)
     app.add_exception_handler(Exception, on_unexpected)

@@ -9,14 +9,19 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Request, Response
 from sse_starlette import ServerSentEvent
 
-from serving.deps import PrincipalDep, RequestIdDep, require_key
+from serving._tasks import RunDeadlineError
+from serving.deps import DeadlineDep, PrincipalDep, RequestIdDep, require_key
 from serving.langgraph_api.protocol import AssistantSearch, HistoryRequest, RunCreate, ThreadCreate, ThreadSearch
 from serving.langgraph_api.service import LangGraphService, dumps
 from serving.sse import EventStream
 
 __all__ = ["open_router", "router"]
 
-router = APIRouter(tags=["langgraph"], dependencies=[require_key])
+def _deadline_in_state(request: Request, deadline_s: DeadlineDep) -> None:
+    request.state.deadline_s = deadline_s
+
+
+router = APIRouter(tags=["langgraph"], dependencies=[require_key, Depends(_deadline_in_state)])
 
 
 def _service(request: Request) -> LangGraphService:
@@ -90,19 +95,27 @@ def _location(thread_id: str | None, run_id: str) -> str:
     return f"/threads/{thread_id}/runs/{run_id}" if thread_id else f"/runs/{run_id}"
 
 
+def _deadline_error(exc: RunDeadlineError) -> dict[str, str]:
+    return {"error": "DeadlineExceeded", "message": str(exc)}
+
+
 async def _sse(first: tuple[str, Any], events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[ServerSentEvent]:
+    index = 0
     async with aclosing(events) as stream:
         yield ServerSentEvent(data=dumps(first[1]), event=first[0], id="0")
-        index = 1
-        async for name, data in stream:
-            yield ServerSentEvent(data=dumps(data), event=name, id=str(index))
-            index += 1
+        try:
+            async for name, data in stream:
+                index += 1
+                yield ServerSentEvent(data=dumps(data), event=name, id=str(index))
+        except RunDeadlineError as exc:
+            yield ServerSentEvent(data=dumps(_deadline_error(exc)), event="error", id=str(index + 1))
 
 
 async def _stream(
     service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
 ) -> EventStream:
-    run_id, thread, events = await service.start_run(thread_id, body, request_id, request.state.principal)
+    principal, deadline_s = request.state.principal, request.state.deadline_s
+    run_id, thread, events = await service.start_run(thread_id, body, request_id, principal, deadline_s)
     # Start the run now (its first event is `metadata`): a started run always finishes
     # its clean-up (thread status, run slot), even if the response never gets sent.
     first = await anext(events)
@@ -117,14 +130,18 @@ async def _wait(
     service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
 ) -> Response:
     values_only = body.model_copy(update={"stream_mode": "values"})
-    run_id, thread, events = await service.start_run(thread_id, values_only, request_id, request.state.principal)
+    principal, deadline_s = request.state.principal, request.state.deadline_s
+    run_id, thread, events = await service.start_run(thread_id, values_only, request_id, principal, deadline_s)
     result: Any = None
     async with aclosing(events) as stream:
-        async for name, data in stream:
-            if name == "values":
-                result = data
-            elif name == "error":
-                result = {"__error__": data}
+        try:
+            async for name, data in stream:
+                if name == "values":
+                    result = data
+                elif name == "error":
+                    result = {"__error__": data}
+        except RunDeadlineError as exc:
+            result = {"__error__": _deadline_error(exc)}
     return _json(result, headers={"Content-Location": _location(thread, run_id)})
 
 

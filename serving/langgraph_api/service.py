@@ -226,10 +226,12 @@ class LangGraphService:
     # ---- runs ------------------------------------------------------------------------
 
     async def start_run(
-        self, thread_id: str | None, body: RunCreate, request_id: str, principal: Principal
+        self, thread_id: str | None, body: RunCreate, request_id: str, principal: Principal, deadline_s: float | None = None
     ) -> tuple[str, str | None, AsyncIterator[tuple[str, Any]]]:
         """Check the run can start, then return its id, its thread (None when
         stateless) and its events ``(event name, data)``, starting with ``metadata``.
+        Past ``deadline_s`` the run is cancelled and the events end with
+        `RunDeadlineError`.
 
         Raises:
             ServingError: unknown assistant (404), missing thread (404), a thread with
@@ -258,7 +260,8 @@ class LangGraphService:
         self._active.add(thread_id)
         run_id = str(uuid.uuid4())
         keep = not stateless or body.on_completion == "keep"
-        events = detached(self._run(entry, thread_id, run_id, body, request_id, keep=keep, release=release))
+        run = self._run(entry, thread_id, run_id, body, request_id, keep=keep, release=release)
+        events = detached(run, deadline_s=deadline_s)
         return run_id, (None if stateless else thread_id), events
 
     async def _run(

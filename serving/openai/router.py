@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from serving.deps import ChatServiceDep, PrincipalDep, RequestIdDep, require_key
+from serving.deps import ChatServiceDep, DeadlineDep, PrincipalDep, RequestIdDep, require_key
 from serving.errors import error_body, to_api_error
 from serving.openai.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelList
 from serving.sse import EventStream
@@ -49,16 +49,21 @@ async def _after_first(first: str, rest: AsyncIterator[str]) -> AsyncIterator[st
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
 async def chat_completions(
-    body: ChatCompletionRequest, service: ChatServiceDep, request_id: RequestIdDep, principal: PrincipalDep, request: Request
+    body: ChatCompletionRequest,
+    service: ChatServiceDep,
+    request_id: RequestIdDep,
+    principal: PrincipalDep,
+    deadline_s: DeadlineDep,
+    request: Request,
 ) -> Any:
     """Run a graph, or relay to a model alias; ``stream: true`` answers over SSE."""
     log.info("chat completion model=%s stream=%s messages=%d", body.model, body.stream, len(body.messages))
     if not body.stream:
-        answer = await service.complete(body, request_id, principal)
+        answer = await service.complete(body, request_id, principal, deadline_s)
         # An alias's answer is the backend's JSON as it came (logprobs, reasoning,
         # usage details...); only graph answers are built from our own models.
         return JSONResponse(answer) if isinstance(answer, dict) else answer
-    stream = service.stream(body, request_id, principal)
+    stream = service.stream(body, request_id, principal, deadline_s)
     try:
         # Pull the first payload before answering, so a bad request or a backend that
         # is down becomes a JSON error with its real status, not a 200 stream.

@@ -8,6 +8,7 @@ first chunk, ``finish_reason`` and ``usage`` in the last.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -20,7 +21,7 @@ from langchain_core.messages import BaseMessage, convert_to_messages
 
 from gateway import ModelGateway
 from graphs import Finish, GraphEvent, GraphRegistry, RunContext, TextDelta, ToolCallDelta, message_events
-from serving._tasks import detached
+from serving._tasks import RunDeadlineError, detached
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
 from serving.limits import RunSlots
@@ -127,7 +128,9 @@ class ChatCompletionService:
             raise ServingError(403, f"tenant {principal.tenant!r} may not use model {request.model!r}")
         return "alias"
 
-    def _run_events(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[GraphEvent]:
+    def _run_events(
+        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None
+    ) -> AsyncIterator[GraphEvent]:
         """Start the graph run for a request; its events, from a task of their own."""
         graph = self._graphs.get(request.model).graph
         stream = graph.astream(
@@ -136,11 +139,13 @@ class ChatCompletionService:
             stream_mode=["messages"],
             version="v2",
         )
-        return detached(message_events(stream))
+        return detached(message_events(stream), deadline_s=deadline_s)
 
     # ---- streaming -------------------------------------------------------------------
 
-    async def stream(self, request: ChatCompletionRequest, request_id: str, principal: Principal) -> AsyncIterator[str]:
+    async def stream(
+        self, request: ChatCompletionRequest, request_id: str, principal: Principal, deadline_s: float | None = None
+    ) -> AsyncIterator[str]:
         """The SSE ``data:`` payloads of a streamed answer, ending with ``[DONE]``.
 
         Raises before yielding anything if the request is invalid or the backend is
@@ -149,7 +154,11 @@ class ChatCompletionService:
         """
         kind = self._check(request, principal)
         release = self._slots.acquire(principal)
-        events = self._graph_chunks(request, request_id) if kind == "graph" else self._alias_chunks(request)
+        events = (
+            self._graph_chunks(request, request_id, deadline_s)
+            if kind == "graph"
+            else self._alias_chunks(request, deadline_s)
+        )
         started = time.perf_counter()
         self._metrics.runs_in_flight.inc()
         outcome = "error"
@@ -171,10 +180,12 @@ class ChatCompletionService:
             self._metrics.runs_in_flight.dec()
             self._metrics.runs.labels(kind, outcome).inc()
 
-    async def _graph_chunks(self, request: ChatCompletionRequest, request_id: str) -> AsyncIterator[str]:
+    async def _graph_chunks(
+        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None
+    ) -> AsyncIterator[str]:
         encoder = _ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.model)
         role_sent = False
-        async with aclosing(self._run_events(request, request_id)) as events:
+        async with aclosing(self._run_events(request, request_id, deadline_s)) as events:
             async for event in events:
                 if not role_sent:
                     yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
@@ -197,14 +208,15 @@ class ChatCompletionService:
                         )
                         yield last.model_dump_json()
 
-    async def _alias_chunks(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
+    async def _alias_chunks(self, request: ChatCompletionRequest, deadline_s: float | None) -> AsyncIterator[str]:
         body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         # The gateway always asks the backend for a usage-only chunk at the end. The
         # chunk carrying finish_reason is held back until it arrives, so the last
         # chunk has both; the OpenAI-style usage chunk follows if the client asked.
         held: dict[str, Any] | None = None
-        async with aclosing(self._gateway.stream_chat(request.model, body)) as chunks:
+        relay = detached(self._gateway.stream_chat(request.model, body), deadline_s=deadline_s)
+        async with aclosing(relay) as chunks:
             async for chunk in chunks:
                 choices = chunk.get("choices")
                 if not choices:
@@ -228,7 +240,7 @@ class ChatCompletionService:
     # ---- whole answers ---------------------------------------------------------------
 
     async def complete(
-        self, request: ChatCompletionRequest, request_id: str, principal: Principal
+        self, request: ChatCompletionRequest, request_id: str, principal: Principal, deadline_s: float | None = None
     ) -> ChatCompletion | dict[str, Any]:
         """A whole answer (``stream: false``)."""
         kind = self._check(request, principal)
@@ -238,9 +250,12 @@ class ChatCompletionService:
         try:
             if kind == "alias":
                 body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
-                answer = await self._gateway.complete_chat(request.model, body)
+                try:
+                    answer = await asyncio.wait_for(self._gateway.complete_chat(request.model, body), deadline_s)
+                except TimeoutError:
+                    raise RunDeadlineError(deadline_s or 0) from None
             else:
-                answer = await self._complete_graph(request, request_id)
+                answer = await self._complete_graph(request, request_id, deadline_s)
             outcome = "ok"
             return answer
         finally:
@@ -248,11 +263,13 @@ class ChatCompletionService:
             self._metrics.runs_in_flight.dec()
             self._metrics.runs.labels(kind, outcome).inc()
 
-    async def _complete_graph(self, request: ChatCompletionRequest, request_id: str) -> ChatCompletion:
+    async def _complete_graph(
+        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None
+    ) -> ChatCompletion:
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish = Finish(reason="stop", prompt_tokens=0, completion_tokens=0)
-        async with aclosing(self._run_events(request, request_id)) as events:
+        async with aclosing(self._run_events(request, request_id, deadline_s)) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     text.append(event.text)
