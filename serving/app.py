@@ -54,7 +54,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings)
         app.state.langgraph_service = LangGraphService(
-            built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, slots
+            built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, slots, metrics
         )
         log.info(
             "serving graphs %s and model aliases %s",

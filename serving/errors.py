@@ -47,9 +47,13 @@ class ServingError(Exception):
         retry_after_s: for 429/503, when to try again (sent as ``Retry-After``).
     """
 
-    def __init__(self, status: int, message: str, *, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, retry_after_s: float | None = None, limit: str | None = None
+    ) -> None:
         self.status = status
         self.retry_after_s = retry_after_s
+        self.limit = limit
+        """Which limit refused it (``rate``, ``key_runs``, ``server_runs``), if one did."""
         super().__init__(message)
 
 
@@ -138,6 +142,8 @@ def install_error_handlers(app: FastAPI) -> None:
         response = _response(request, to_api_error(exc))
         if isinstance(exc, ServingError) and exc.retry_after_s is not None:
             response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        if isinstance(exc, ServingError) and exc.limit is not None:
+            request.app.state.metrics.rejections.labels(exc.limit).inc()
         return response
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:

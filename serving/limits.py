@@ -50,6 +50,7 @@ class RateLimiter:
             raise ServingError(
                 429, f"rate limit of key {principal.key_id}: {limits.requests_per_s:g} requests/s, burst {limits.burst}",
                 retry_after_s=wait,
+                limit="rate",
             )
         bucket.tokens -= 1
 
@@ -84,10 +85,12 @@ class RunSlots:
         key_max = principal.settings.limits.max_concurrent_runs
         held = self._per_key.get(principal.key_id, 0)
         if self._total >= self.server_max:
-            raise ServingError(429, f"the server is at its limit of {self.server_max} concurrent runs", retry_after_s=1)
+            raise ServingError(
+                429, f"the server is at its limit of {self.server_max} concurrent runs", retry_after_s=1, limit="server_runs"
+            )
         if held >= key_max:
             raise ServingError(
-                429, f"key {principal.key_id} is at its limit of {key_max} concurrent runs", retry_after_s=1
+                429, f"key {principal.key_id} is at its limit of {key_max} concurrent runs", retry_after_s=1, limit="key_runs"
             )
         self._per_key[principal.key_id] = held + 1
         self._total += 1
@@ -116,7 +119,10 @@ class BodySizeLimit:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        metrics = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
+        if metrics is not None:
+            metrics.rejections.labels("body_size").inc()
         body = json.dumps({"detail": f"request body larger than {self.max_bytes} bytes"}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
@@ -130,7 +136,7 @@ class BodySizeLimit:
         length = headers.get(b"content-length")
         if length is not None:
             if length.isdigit() and int(length) > self.max_bytes:
-                await self._refuse(send)
+                await self._refuse(scope, send)
                 return
             await self.app(scope, receive, send)
             return
@@ -148,7 +154,7 @@ class BodySizeLimit:
                 break
             size += len(message.get("body", b""))
             if size > self.max_bytes:
-                await self._refuse(send)
+                await self._refuse(scope, send)
                 return
             buffered.append(message)
             if not message.get("more_body", False):

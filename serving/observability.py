@@ -11,6 +11,7 @@ import contextvars
 import logging
 import re
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -64,9 +65,13 @@ class RequestIdMiddleware:
         scope.setdefault("state", {})["request_id"] = request_id
         token = _REQUEST_ID.set(request_id)
         header = (b"x-request-id", request_id.encode("latin-1"))
+        started = time.perf_counter()
+        status = 500
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = message["status"]
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
@@ -74,6 +79,10 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             _REQUEST_ID.reset(token)
+            metrics: ServingMetrics | None = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
+            if metrics is not None:
+                route = getattr(scope.get("route"), "path", "unmatched")
+                metrics.requests.labels(scope["method"], route, str(status)).observe(time.perf_counter() - started)
 
 
 class _RequestIdFilter(logging.Filter):
@@ -106,15 +115,27 @@ def configure_logging(level: str, log_file: str | None = None) -> None:
 
 class ServingMetrics:
     """The server's Prometheus metrics, in a registry of its own (one per app, so
-    several apps in one process, as in tests, do not collide)."""
+    several apps in one process, as in tests, do not collide).
+
+    ``kind`` is ``graph`` or ``alias`` (OpenAI endpoint) or ``langgraph`` (LangGraph
+    API); ``target`` is the graph id or model alias.
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.requests = Histogram(
+            "switchyard_request_duration_seconds",
+            "HTTP requests, from arrival to the last byte of the response.",
+            ["method", "route", "status"],
+            buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+            registry=self.registry,
+        )
         self.runs_in_flight = Gauge(
-            "switchyard_runs_in_flight", "Chat runs being generated now.", registry=self.registry
+            "switchyard_runs_in_flight", "Runs being generated now.", registry=self.registry
         )
         self.runs = Counter(
-            "switchyard_runs", "Chat runs by target kind and outcome.", ["kind", "outcome"], registry=self.registry
+            "switchyard_runs", "Finished runs by kind, target and outcome (ok, error, cancelled).",
+            ["kind", "target", "outcome"], registry=self.registry,
         )
         self.time_to_first_token = Histogram(
             "switchyard_time_to_first_token_seconds",
@@ -122,4 +143,23 @@ class ServingMetrics:
             ["kind"],
             buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
+        )
+        self.output_tokens = Counter(
+            "switchyard_output_tokens", "Completion tokens generated, by kind and target.",
+            ["kind", "target"], registry=self.registry,
+        )
+        self.tokens_per_second = Histogram(
+            "switchyard_output_tokens_per_second",
+            "Completion tokens per second of a run (first token to last).",
+            ["kind"],
+            buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000),
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "switchyard_rejections", "Requests refused by a limit (rate, key_runs, server_runs, body_size).",
+            ["reason"], registry=self.registry,
+        )
+        self.backend_errors = Counter(
+            "switchyard_backend_errors", "Failed calls to model backends, by backend and error.",
+            ["backend", "error"], registry=self.registry,
         )

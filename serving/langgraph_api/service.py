@@ -21,11 +21,13 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 from pydantic import BaseModel
 
+from gateway import BackendResponseError, BackendUnavailableError
 from graphs import GraphRegistry, RegisteredGraph, RunContext
 from serving._tasks import detached
 from serving.auth import Principal
 from serving.errors import ServingError
 from serving.limits import RunSlots
+from serving.observability import ServingMetrics
 from serving.langgraph_api.protocol import AssistantSearch, RunCreate, ThreadCreate, ThreadSearch, assistant_uuid
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
@@ -65,8 +67,14 @@ class LangGraphService:
     """The LangGraph Server API's operations, independent of HTTP."""
 
     def __init__(
-        self, graphs: GraphRegistry, threads: ThreadStore, checkpointer: BaseCheckpointSaver[Any], slots: RunSlots
+        self,
+        graphs: GraphRegistry,
+        threads: ThreadStore,
+        checkpointer: BaseCheckpointSaver[Any],
+        slots: RunSlots,
+        metrics: ServingMetrics,
     ) -> None:
+        self._metrics = metrics
         self._graphs = graphs
         self._threads = threads
         self._checkpointer = checkpointer
@@ -305,6 +313,8 @@ class LangGraphService:
             await self._threads.update(thread_id, status="busy", graph_id=entry.graph_id)
             await self._threads.set_metadata(thread_id, {"graph_id": entry.graph_id, "assistant_id": assistant_id})
         status: ThreadStatus = "error"
+        outcome = "error"
+        self._metrics.runs_in_flight.inc()
         try:
             yield "metadata", {"run_id": run_id, "attempt": 1}
             stream = graph.astream(
@@ -329,13 +339,19 @@ class LangGraphService:
                     yield name, data
             snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
             status = "interrupted" if snapshot.next else "idle"
+            outcome = "ok"
         except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
             log.warning("run %s on thread %s failed: %r", run_id, thread_id, exc)
+            if isinstance(exc, (BackendUnavailableError, BackendResponseError)):
+                self._metrics.backend_errors.labels(exc.backend_id, type(exc).__name__).inc()
             yield "error", {"error": exc.__class__.__name__, "message": str(exc)}
         except BaseException:
             status = "idle"  # cancelled (client gone, deadline): the thread stays usable
+            outcome = "cancelled"
             raise
         finally:
+            self._metrics.runs_in_flight.dec()
+            self._metrics.runs.labels("langgraph", entry.graph_id, outcome).inc()
             release()
             self._active.discard(thread_id)
             if keep:

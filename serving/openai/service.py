@@ -19,7 +19,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, convert_to_messages
 
-from gateway import ModelGateway
+from gateway import BackendResponseError, BackendUnavailableError, ModelGateway
 from graphs import Finish, GraphEvent, GraphRegistry, RunContext, TextDelta, ToolCallDelta, message_events
 from serving._tasks import RunDeadlineError, detached
 from serving.auth import Principal
@@ -154,34 +154,47 @@ class ChatCompletionService:
         """
         kind = self._check(request, principal)
         release = self._slots.acquire(principal)
+        usage: dict[str, int] = {}
         events = (
-            self._graph_chunks(request, request_id, deadline_s)
+            self._graph_chunks(request, request_id, deadline_s, usage)
             if kind == "graph"
-            else self._alias_chunks(request, deadline_s)
+            else self._alias_chunks(request, deadline_s, usage)
         )
         started = time.perf_counter()
+        first_at = 0.0
         self._metrics.runs_in_flight.inc()
         outcome = "error"
         try:
             async with aclosing(events) as chunks:
-                first = True
                 async for payload in chunks:
-                    if first:
-                        self._metrics.time_to_first_token.labels(kind).observe(time.perf_counter() - started)
-                        first = False
+                    if not first_at:
+                        first_at = time.perf_counter()
+                        self._metrics.time_to_first_token.labels(kind).observe(first_at - started)
                     yield payload
             outcome = "ok"
             yield "[DONE]"
         except BaseException as exc:
             outcome = "cancelled" if not isinstance(exc, Exception) else "error"
+            self._count_backend_error(exc)
             raise
         finally:
             release()
             self._metrics.runs_in_flight.dec()
-            self._metrics.runs.labels(kind, outcome).inc()
+            self._record_run(kind, request.model, outcome, usage.get("completion_tokens", 0), first_at)
+
+    def _count_backend_error(self, exc: BaseException) -> None:
+        if isinstance(exc, (BackendUnavailableError, BackendResponseError)):
+            self._metrics.backend_errors.labels(exc.backend_id, type(exc).__name__).inc()
+
+    def _record_run(self, kind: str, target: str, outcome: str, tokens: int, first_at: float) -> None:
+        self._metrics.runs.labels(kind, target, outcome).inc()
+        if tokens:
+            self._metrics.output_tokens.labels(kind, target).inc(tokens)
+            if first_at and (seconds := time.perf_counter() - first_at) > 0:
+                self._metrics.tokens_per_second.labels(kind).observe(tokens / seconds)
 
     async def _graph_chunks(
-        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None
+        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None, usage: dict[str, int]
     ) -> AsyncIterator[str]:
         encoder = _ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.model)
         role_sent = False
@@ -200,15 +213,18 @@ class ChatCompletionService:
                         call["function"]["name"] = event.name
                     yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
                 elif isinstance(event, Finish):
-                    usage = _usage(event.prompt_tokens, event.completion_tokens)
-                    yield encoder.chunk(Delta(), finish_reason=event.reason, usage=usage).model_dump_json()
+                    usage["completion_tokens"] = event.completion_tokens
+                    totals = _usage(event.prompt_tokens, event.completion_tokens)
+                    yield encoder.chunk(Delta(), finish_reason=event.reason, usage=totals).model_dump_json()
                     if request.stream_options and request.stream_options.include_usage:
                         last = ChatCompletionChunk(
-                            id=encoder.completion_id, created=encoder.created, model=encoder.model, choices=[], usage=usage
+                            id=encoder.completion_id, created=encoder.created, model=encoder.model, choices=[], usage=totals
                         )
                         yield last.model_dump_json()
 
-    async def _alias_chunks(self, request: ChatCompletionRequest, deadline_s: float | None) -> AsyncIterator[str]:
+    async def _alias_chunks(
+        self, request: ChatCompletionRequest, deadline_s: float | None, usage: dict[str, int]
+    ) -> AsyncIterator[str]:
         body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         # The gateway always asks the backend for a usage-only chunk at the end. The
@@ -220,6 +236,7 @@ class ChatCompletionService:
             async for chunk in chunks:
                 choices = chunk.get("choices")
                 if not choices:
+                    usage["completion_tokens"] = int((chunk.get("usage") or {}).get("completion_tokens", 0))
                     if held is not None:
                         held["usage"] = chunk.get("usage")
                         yield json.dumps(held)
@@ -247,6 +264,7 @@ class ChatCompletionService:
         release = self._slots.acquire(principal)
         self._metrics.runs_in_flight.inc()
         outcome = "error"
+        tokens = 0
         try:
             if kind == "alias":
                 body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
@@ -254,14 +272,19 @@ class ChatCompletionService:
                     answer = await asyncio.wait_for(self._gateway.complete_chat(request.model, body), deadline_s)
                 except TimeoutError:
                     raise RunDeadlineError(deadline_s or 0) from None
+                tokens = int((answer.get("usage") or {}).get("completion_tokens", 0))
             else:
                 answer = await self._complete_graph(request, request_id, deadline_s)
+                tokens = answer.usage.completion_tokens if answer.usage else 0
             outcome = "ok"
             return answer
+        except Exception as exc:
+            self._count_backend_error(exc)
+            raise
         finally:
             release()
             self._metrics.runs_in_flight.dec()
-            self._metrics.runs.labels(kind, outcome).inc()
+            self._record_run(kind, request.model, outcome, tokens, 0.0)
 
     async def _complete_graph(
         self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None

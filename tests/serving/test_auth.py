@@ -6,6 +6,7 @@ server's, 413 for an oversized body."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -146,6 +147,8 @@ def test_oversized_bodies_are_413(secured: tuple[ServerHandle, dict[str, str]]) 
     chunked = httpx.post(server.url + "/v1/chat/completions", content=chunks(),
                          headers={**_bearer(keys["globex"]), "content-type": "application/json"})
     assert chunked.status_code == 413
+    metrics = httpx.get(server.url + "/metrics", headers=_bearer(keys["globex"])).text
+    assert re.search(r'^switchyard_rejections_total\{reason="body_size"\} 2\.0$', metrics, re.MULTILINE)
 
 
 def test_a_key_over_its_rate_gets_429_while_others_are_served(secured: tuple[ServerHandle, dict[str, str]]) -> None:
@@ -158,6 +161,8 @@ def test_a_key_over_its_rate_gets_429_while_others_are_served(secured: tuple[Ser
     assert int(limited[0].headers["Retry-After"]) >= 1
     assert limited[0].json()["error"]["type"] == "rate_limit_error"
     assert httpx.get(server.url + "/v1/models", headers=_bearer(keys["globex"])).status_code == 200
+    metrics = httpx.get(server.url + "/metrics", headers=_bearer(keys["globex"])).text
+    assert re.search(r'^switchyard_rejections_total\{reason="rate"\} [1-9]', metrics, re.MULTILINE)
 
 
 def test_concurrent_runs_are_capped_per_key_and_per_server(secured: tuple[ServerHandle, dict[str, str]]) -> None:

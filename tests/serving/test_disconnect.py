@@ -25,10 +25,15 @@ def _metric(url: str, name: str) -> float:
     return float(match.group(1))
 
 
-def _cancelled(url: str, kind: str) -> float:
+def _cancelled(url: str, kind: str, target: str) -> float:
     text = httpx.get(url + "/metrics", timeout=5).text
-    match = re.search(rf'^switchyard_runs_total{{kind="{kind}",outcome="cancelled"}} ([0-9.]+)$', text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+    labels = {"kind": kind, "target": target, "outcome": "cancelled"}
+    for line in text.splitlines():
+        if line.startswith("switchyard_runs_total{"):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            if found == labels:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _wait_for(predicate: object, timeout_s: float) -> bool:
@@ -46,7 +51,7 @@ def test_disconnect_cancels_the_run_and_the_backend_request(
 ) -> None:
     backend = local_backend.root_url
     kind = "graph" if model == "chat" else "alias"
-    cancelled_before = _cancelled(server.url, kind)
+    cancelled_before = _cancelled(server.url, kind, model)
     decoded_before = _metric(backend, "llamacpp:n_decode_total")
     body = {"model": model, "messages": LONG, "stream": True, "max_tokens": 1800, "temperature": 0}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
@@ -67,4 +72,4 @@ def test_disconnect_cancels_the_run_and_the_backend_request(
     assert _metric(backend, "llamacpp:n_decode_total") == settled  # nothing is generating any more
     # Far fewer than the 1800 tokens asked for were generated: the request was cut short.
     assert settled - decoded_before < 600
-    assert _cancelled(server.url, kind) == cancelled_before + 1
+    assert _cancelled(server.url, kind, model) == cancelled_before + 1
