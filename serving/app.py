@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.errors import install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
+from serving.audit import AuditLog
 from serving.auth import Authenticator
 from serving.limits import BodySizeLimit, RateLimiter, RunSlots
 from serving.deps import require_key
@@ -49,12 +50,13 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         app.state.platform = built
         app.state.metrics = metrics
         app.state.rate_limiter = RateLimiter()
+        audit = app.state.audit = AuditLog(settings.audit_path)
         slots = RunSlots(server_max=settings.server.max_concurrent_runs)
-        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics, slots)
+        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics, slots, audit)
         app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings)
         app.state.langgraph_service = LangGraphService(
-            built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, slots, metrics
+            built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, slots, metrics, audit
         )
         log.info(
             "serving graphs %s and model aliases %s",
@@ -64,6 +66,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         try:
             yield
         finally:
+            audit.close()
             await stores.aclose()
             await built.aclose()
 

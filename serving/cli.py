@@ -24,6 +24,7 @@ from gateway.local import start_backend, stop_backend
 from graphs import GraphError, GraphRegistry, GraphSpec
 from graphs.cli import ask, graphs_app
 from serving.app import create_app
+from serving.audit import verify
 from serving.auth import create_key, load_keys
 from serving.errors import ServingError
 from serving.observability import configure_logging
@@ -162,6 +163,24 @@ def list_api_keys(ctx: typer.Context) -> None:
         typer.echo(f"{record.id}\t{record.tenant}\t{record.created_at}")
 
 
+audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
+
+
+@audit_app.command("verify")
+def verify_audit(file: Annotated[Path, typer.Argument(help="An audit log (JSON Lines).")]) -> None:
+    """Check the chain; name the first missing, altered or misplaced record (exit 1)."""
+    if not file.is_file():
+        typer.secho(f"error: {file} not found", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
+    report = verify(file)
+    if report.ok:
+        typer.echo(f"ok: {report.records} records, chain intact")
+        return
+    typer.secho(f"TAMPERED: {report.problem} ({report.records} records verified before it)", fg=typer.colors.RED)
+    raise typer.Exit(1)
+
+
+app.add_typer(audit_app, name="audit")
 app.add_typer(keys_app, name="keys")
 app.add_typer(backend_app, name="backend")
 app.add_typer(graphs_app, name="graphs")

@@ -27,6 +27,8 @@ __all__ = [
 ]
 
 REQUEST_ID_HEADER = "x-request-id"
+_UNAUDITED = frozenset({"/healthz", "/readyz", "/ok", "/metrics"})
+"""Probes and scrapes: frequent, anonymous, and not decisions worth auditing."""
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("switchyard_request_id", default="-")
 _SANE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -79,10 +81,25 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             _REQUEST_ID.reset(token)
-            metrics: ServingMetrics | None = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
+            app_state = getattr(scope.get("app"), "state", None)
+            metrics: ServingMetrics | None = getattr(app_state, "metrics", None)
+            route = getattr(scope.get("route"), "path", "unmatched")
+            elapsed = time.perf_counter() - started
             if metrics is not None:
-                route = getattr(scope.get("route"), "path", "unmatched")
-                metrics.requests.labels(scope["method"], route, str(status)).observe(time.perf_counter() - started)
+                metrics.requests.labels(scope["method"], route, str(status)).observe(elapsed)
+            audit = getattr(app_state, "audit", None)
+            if audit is not None and route not in _UNAUDITED:
+                principal = scope["state"].get("principal")
+                audit.append(
+                    "request",
+                    request_id=request_id,
+                    method=scope["method"],
+                    route=route,
+                    status=status,
+                    tenant=getattr(principal, "tenant", None),
+                    key_id=getattr(principal, "key_id", None),
+                    ms=round(elapsed * 1000, 1),
+                )
 
 
 class _RequestIdFilter(logging.Filter):

@@ -91,6 +91,12 @@ class Settings(BaseSettings):
     """Graph id -> entry. Replaces the defaults when given in the YAML file."""
     auth: AuthSettings = AuthSettings()
     """Tenants and API keys (required unless ``server.dev``)."""
+    audit_file: Path | None = None
+    """The hash-chained audit log (JSON Lines); default ``<data_dir>/audit/audit.jsonl``."""
+
+    @property
+    def audit_path(self) -> Path:
+        return self.audit_file or self.data_dir / "audit" / "audit.jsonl"
 
     @property
     def keys_file(self) -> Path:

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from gateway import BackendResponseError, BackendUnavailableError
 from graphs import GraphRegistry, RegisteredGraph, RunContext
 from serving._tasks import detached
+from serving.audit import AuditLog
 from serving.auth import Principal
 from serving.errors import ServingError
 from serving.limits import RunSlots
@@ -73,7 +74,9 @@ class LangGraphService:
         checkpointer: BaseCheckpointSaver[Any],
         slots: RunSlots,
         metrics: ServingMetrics,
+        audit: AuditLog,
     ) -> None:
+        self._audit = audit
         self._metrics = metrics
         self._graphs = graphs
         self._threads = threads
@@ -268,7 +271,7 @@ class LangGraphService:
         self._active.add(thread_id)
         run_id = str(uuid.uuid4())
         keep = not stateless or body.on_completion == "keep"
-        run = self._run(entry, thread_id, run_id, body, request_id, keep=keep, release=release)
+        run = self._run(entry, thread_id, run_id, body, request_id, keep=keep, release=release, principal=principal)
         events = detached(run, deadline_s=deadline_s)
         return run_id, (None if stateless else thread_id), events
 
@@ -282,6 +285,7 @@ class LangGraphService:
         *,
         keep: bool,
         release: Callable[[], None],
+        principal: Principal,
     ) -> AsyncIterator[tuple[str, Any]]:
         graph = entry.threaded
         assert graph is not None
@@ -352,6 +356,11 @@ class LangGraphService:
         finally:
             self._metrics.runs_in_flight.dec()
             self._metrics.runs.labels("langgraph", entry.graph_id, outcome).inc()
+            self._audit.append(
+                "run", request_id=request_id, kind="langgraph", target=entry.graph_id, outcome=outcome,
+                run_id=run_id, thread_id=thread_id if keep else None, thread_status=status,
+                tenant=principal.tenant, key_id=principal.key_id,
+            )
             release()
             self._active.discard(thread_id)
             if keep:

@@ -22,6 +22,7 @@ from langchain_core.messages import BaseMessage, convert_to_messages
 from gateway import BackendResponseError, BackendUnavailableError, ModelGateway
 from graphs import Finish, GraphEvent, GraphRegistry, RunContext, TextDelta, ToolCallDelta, message_events
 from serving._tasks import RunDeadlineError, detached
+from serving.audit import AuditLog
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
 from serving.limits import RunSlots
@@ -92,7 +93,10 @@ class ChatCompletionService:
     """Serves ``/v1/chat/completions`` and ``/v1/models`` from the platform's graphs
     and model aliases."""
 
-    def __init__(self, gateway: ModelGateway, graphs: GraphRegistry, metrics: ServingMetrics, slots: RunSlots) -> None:
+    def __init__(
+        self, gateway: ModelGateway, graphs: GraphRegistry, metrics: ServingMetrics, slots: RunSlots, audit: AuditLog
+    ) -> None:
+        self._audit = audit
         self._gateway = gateway
         self._graphs = graphs
         self._metrics = metrics
@@ -180,14 +184,21 @@ class ChatCompletionService:
         finally:
             release()
             self._metrics.runs_in_flight.dec()
-            self._record_run(kind, request.model, outcome, usage.get("completion_tokens", 0), first_at)
+            tokens = usage.get("completion_tokens", 0)
+            self._record_run(kind, request.model, outcome, tokens, first_at, request_id, principal)
 
     def _count_backend_error(self, exc: BaseException) -> None:
         if isinstance(exc, (BackendUnavailableError, BackendResponseError)):
             self._metrics.backend_errors.labels(exc.backend_id, type(exc).__name__).inc()
 
-    def _record_run(self, kind: str, target: str, outcome: str, tokens: int, first_at: float) -> None:
+    def _record_run(
+        self, kind: str, target: str, outcome: str, tokens: int, first_at: float, request_id: str, principal: Principal
+    ) -> None:
         self._metrics.runs.labels(kind, target, outcome).inc()
+        self._audit.append(
+            "run", request_id=request_id, kind=kind, target=target, outcome=outcome, tokens=tokens,
+            tenant=principal.tenant, key_id=principal.key_id,
+        )
         if tokens:
             self._metrics.output_tokens.labels(kind, target).inc(tokens)
             if first_at and (seconds := time.perf_counter() - first_at) > 0:
@@ -284,7 +295,7 @@ class ChatCompletionService:
         finally:
             release()
             self._metrics.runs_in_flight.dec()
-            self._record_run(kind, request.model, outcome, tokens, 0.0)
+            self._record_run(kind, request.model, outcome, tokens, 0.0, request_id, principal)
 
     async def _complete_graph(
         self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None
