@@ -19,6 +19,7 @@ from serving.errors import install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
 from serving.audit import AuditLog
 from serving.auth import Authenticator
+from serving.guardrails import InputFilter
 from serving.limits import BodySizeLimit, RateLimiter, RunSlots
 from serving.deps import require_key
 from serving.langgraph_api.router import open_router as langgraph_open_router
@@ -52,11 +53,18 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         app.state.rate_limiter = RateLimiter()
         audit = app.state.audit = AuditLog(settings.audit_path)
         slots = RunSlots(server_max=settings.server.max_concurrent_runs)
-        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics, slots, audit)
+        input_filter = InputFilter(settings.guardrails)
+        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics, slots, audit, input_filter)
         app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings)
         app.state.langgraph_service = LangGraphService(
-            built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, slots, metrics, audit
+            built.graphs.with_checkpointer(stores.checkpointer),
+            stores.threads,
+            stores.checkpointer,
+            slots,
+            metrics,
+            audit,
+            input_filter,
         )
         log.info(
             "serving graphs %s and model aliases %s",

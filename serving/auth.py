@@ -65,6 +65,8 @@ class TenantSettings(BaseModel):
     """Tools the tenant's runs may call (enforced by the tools layer)."""
     collections: tuple[str, ...] = ("*",)
     """Knowledge collections the tenant may read (enforced by the knowledge layer)."""
+    blocked_terms: tuple[str, ...] = ()
+    """Sensitive terms refused in this tenant's input (on top of the global list)."""
     limits: TenantLimits = TenantLimits()
 
     def allows_graph(self, graph_id: str) -> bool:

@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gateway import GatewaySettings
 from graphs import GraphSpec
 from serving.auth import AuthSettings
+from serving.guardrails import GuardrailSettings
 
 __all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings"]
 
@@ -91,6 +92,8 @@ class Settings(BaseSettings):
     """Graph id -> entry. Replaces the defaults when given in the YAML file."""
     auth: AuthSettings = AuthSettings()
     """Tenants and API keys (required unless ``server.dev``)."""
+    guardrails: GuardrailSettings = GuardrailSettings()
+    """The input filter's global list of sensitive terms."""
     audit_file: Path | None = None
     """The hash-chained audit log (JSON Lines); default ``<data_dir>/audit/audit.jsonl``."""
 

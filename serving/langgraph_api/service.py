@@ -27,6 +27,7 @@ from serving._tasks import detached
 from serving.audit import AuditLog
 from serving.auth import Principal
 from serving.errors import ServingError
+from serving.guardrails import InputFilter, message_texts
 from serving.limits import RunSlots
 from serving.observability import ServingMetrics
 from serving.langgraph_api.protocol import AssistantSearch, RunCreate, ThreadCreate, ThreadSearch, assistant_uuid
@@ -75,7 +76,9 @@ class LangGraphService:
         slots: RunSlots,
         metrics: ServingMetrics,
         audit: AuditLog,
+        input_filter: InputFilter,
     ) -> None:
+        self._input_filter = input_filter
         self._audit = audit
         self._metrics = metrics
         self._graphs = graphs
@@ -249,6 +252,7 @@ class LangGraphService:
                 a run in progress (409), an unsupported stream mode (400).
         """
         entry = self.resolve(body.assistant_id, principal)
+        self._input_filter.check(message_texts((body.input or {}).get("messages") or []), principal, param="input")
         if entry.threaded is None:
             raise ServingError(503, "threads are not available: no checkpointer configured")
         stateless = thread_id is None

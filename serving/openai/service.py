@@ -25,6 +25,7 @@ from serving._tasks import RunDeadlineError, detached
 from serving.audit import AuditLog
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
+from serving.guardrails import InputFilter, message_texts
 from serving.limits import RunSlots
 from serving.observability import ServingMetrics
 from serving.openai.protocol import (
@@ -94,8 +95,15 @@ class ChatCompletionService:
     and model aliases."""
 
     def __init__(
-        self, gateway: ModelGateway, graphs: GraphRegistry, metrics: ServingMetrics, slots: RunSlots, audit: AuditLog
+        self,
+        gateway: ModelGateway,
+        graphs: GraphRegistry,
+        metrics: ServingMetrics,
+        slots: RunSlots,
+        audit: AuditLog,
+        input_filter: InputFilter,
     ) -> None:
+        self._input_filter = input_filter
         self._audit = audit
         self._gateway = gateway
         self._graphs = graphs
@@ -112,6 +120,7 @@ class ChatCompletionService:
         return ModelList(data=cards)
 
     def _check(self, request: ChatCompletionRequest, principal: Principal) -> str:
+        self._input_filter.check(message_texts(request.model_dump(include={"messages"})["messages"]), principal)
         if request.model in self._graphs:
             if not principal.settings.allows_graph(request.model):
                 raise ServingError(403, f"tenant {principal.tenant!r} may not use graph {request.model!r}")

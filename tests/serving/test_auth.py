@@ -24,7 +24,7 @@ from tests.conftest import REPO, SWITCHYARD, ServerHandle, start_server, stop_se
 pytestmark = [pytest.mark.e2e, pytest.mark.llm]
 
 TENANTS = {
-    "acme": {"graphs": ["chat"], "models": []},
+    "acme": {"graphs": ["chat"], "models": [], "blocked_terms": ["secret"]},
     "globex": {"graphs": ["*"], "models": ["*"]},
     "tiny": {"limits": {"requests_per_s": 0.5, "burst": 3, "max_concurrent_runs": 1}},
 }
@@ -53,6 +53,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory, local_backend: Backend) ->
         },
         "auth": {"tenants": TENANTS},
         "server": {"max_concurrent_runs": 2, "max_body_bytes": 65536},
+        "guardrails": {"blocked_terms": ["project nightjar"]},
     }
     config = tmp / "switchyard.yaml"
     config.write_text(yaml.safe_dump(settings))
@@ -190,3 +191,28 @@ def test_concurrent_runs_are_capped_per_key_and_per_server(secured: tuple[Server
             break
         time.sleep(0.2)
     assert answer.status_code == 200, answer.text
+
+
+def test_the_input_filter_refuses_blocked_terms_with_the_reason(secured: tuple[ServerHandle, dict[str, str]]) -> None:
+    server, keys = secured
+
+    def ask(key: str, text: str) -> httpx.Response:
+        body = {"model": "chat", "max_tokens": 4, "messages": [{"role": "user", "content": text}]}
+        return httpx.post(server.url + "/v1/chat/completions", json=body, headers=_bearer(key), timeout=60)
+
+    refused = ask(keys["acme"], "Tell me the SECRET plan")
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "content_blocked" and "'SECRET'" in error["message"] and "tenant 'acme'" in error["message"]
+    assert ask(keys["acme"], "Call my secretary").status_code == 200  # whole words only
+    assert ask(keys["globex"], "Tell me the secret plan").status_code == 200  # acme's list is acme's
+    for key in keys.values():
+        blocked = ask(key, "What is Project  Nightjar?".replace("  ", " "))
+        assert blocked.status_code == 400 and "global list" in blocked.json()["error"]["message"]
+    thread = httpx.post(server.url + "/threads", json={}, headers=_bearer(keys["acme"])).json()
+    run = httpx.post(
+        server.url + f"/threads/{thread['thread_id']}/runs/wait",
+        json={"assistant_id": "chat", "input": {"messages": [{"role": "user", "content": "the secret"}]}},
+        headers=_bearer(keys["acme"]),
+    )
+    assert run.status_code == 400 and "blocked term" in run.json()["detail"]
