@@ -100,7 +100,7 @@ def serve(
     settings = CliEnv(config or ctx.obj.config, **({"server": server} if server else {})).settings
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     (settings.data_dir / "logs").mkdir(exist_ok=True)
-    configure_logging(settings.log_level, str(settings.data_dir / "logs" / "switchyard.log"))
+    configure_logging(settings.log_level, str(settings.data_dir / "logs" / "switchyard.log"), fmt=settings.log_format)
     platform = Platform.build(settings)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found
     # installed. Make that handler an exception, so the `finally` below still stops

@@ -8,6 +8,7 @@ of the request, and stamped on every log record emitted while handling it.
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import re
 import sys
@@ -22,8 +23,10 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "RequestIdMiddleware",
     "ServingMetrics",
+    "JsonFormatter",
     "configure_logging",
     "current_request_id",
+    "set_run_id",
 ]
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -102,19 +105,49 @@ class RequestIdMiddleware:
                 )
 
 
+_RUN_ID: contextvars.ContextVar[str] = contextvars.ContextVar("switchyard_run_id", default="-")
+
+
+def set_run_id(run_id: str) -> None:
+    """Stamp ``run_id`` on the log records of the current task (and tasks it starts)."""
+    _RUN_ID.set(run_id)
+
+
 class _RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = _REQUEST_ID.get()
+        record.run_id = _RUN_ID.get()
         return True
 
 
-def configure_logging(level: str, log_file: str | None = None) -> None:
-    """Log lines with time, level, logger, request id and message, to stderr and,
-    if given, to a file under the data directory."""
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, request and run ids, message,
+    and the exception if any, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname,
+            "logger": record.name,
+            "request_id": getattr(record, "request_id", "-"),
+            "run_id": getattr(record, "run_id", "-"),
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str, log_file: str | None = None, *, fmt: str = "text") -> None:
+    """Log to stderr and, if given, to a file under the data directory: text lines
+    (time, level, logger, [request id], message) or JSON objects (``fmt="json"``),
+    each with the request id and the run id."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file:
         handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
-    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+    formatter: logging.Formatter = (
+        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+    )
     for handler in handlers:
         handler.setFormatter(formatter)
         handler.addFilter(_RequestIdFilter())

@@ -86,6 +86,8 @@ class Settings(BaseSettings):
     Two servers run side by side with their own data directories, ports and local
     backend ports."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one object per line with request and run ids, for log shippers."""
     server: ServerSettings = ServerSettings()
     gateway: GatewaySettings = GatewaySettings()
     graphs: dict[str, GraphSpec] = Field(default_factory=_default_graphs)

@@ -29,7 +29,7 @@ from serving.auth import Principal
 from serving.errors import ServingError
 from serving.guardrails import InputFilter, message_texts
 from serving.limits import RunSlots
-from serving.observability import ServingMetrics
+from serving.observability import ServingMetrics, set_run_id
 from serving.langgraph_api.protocol import AssistantSearch, RunCreate, ThreadCreate, ThreadSearch, assistant_uuid
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
@@ -322,6 +322,7 @@ class LangGraphService:
             await self._threads.set_metadata(thread_id, {"graph_id": entry.graph_id, "assistant_id": assistant_id})
         status: ThreadStatus = "error"
         outcome = "error"
+        set_run_id(run_id)  # this generator runs in its own task: its log lines carry it
         self._metrics.runs_in_flight.inc()
         try:
             yield "metadata", {"run_id": run_id, "attempt": 1}

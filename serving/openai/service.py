@@ -27,7 +27,7 @@ from serving.auth import Principal
 from serving.errors import RequestError, ServingError
 from serving.guardrails import InputFilter, message_texts
 from serving.limits import RunSlots
-from serving.observability import ServingMetrics
+from serving.observability import ServingMetrics, set_run_id
 from serving.openai.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -217,6 +217,7 @@ class ChatCompletionService:
         self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None, usage: dict[str, int]
     ) -> AsyncIterator[str]:
         encoder = _ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.model)
+        set_run_id(encoder.completion_id)
         role_sent = False
         async with aclosing(self._run_events(request, request_id, deadline_s)) as events:
             async for event in events:
