@@ -12,7 +12,7 @@ STAMP := $(VENV)/.switchyard-installed
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: install serve test test-fast lint clean
+.PHONY: install postgres serve test test-fast lint clean
 
 install: $(STAMP)
 
@@ -30,7 +30,14 @@ $(STAMP): pyproject.toml requirements.lock
 serve: install
 	$(BIN)/switchyard serve --dev
 
-test: install
+# The PostgreSQL checkpointer's tests start a real server from Debian's package (the
+# fixtures run it; it is only installed here, once).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		echo "Installing PostgreSQL (Debian package) for the tests..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+test: install postgres
 	$(BIN)/python -m pytest
 
 # Only the tests that need no local service.

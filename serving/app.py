@@ -7,6 +7,7 @@ pools on shutdown.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -56,7 +57,8 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         input_filter = InputFilter(settings.guardrails)
         app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics, slots, audit, input_filter)
         app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
-        stores = await open_thread_stores(settings)
+        stores = await open_thread_stores(settings.threads, settings.data_dir)
+        app.state.thread_stores = stores
         app.state.langgraph_service = LangGraphService(
             built.graphs.with_checkpointer(stores.checkpointer),
             stores.threads,
@@ -99,8 +101,15 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         results = await built.gateway.probe(built.graph_backends())
         backends = {r.backend_id: r.reason for r in results}
         ready = all(r.ready for r in results)
+        stores = app.state.thread_stores
+        try:
+            await asyncio.wait_for(stores.threads.ping(), settings.gateway.probe_timeout_s)
+            store = "ok"
+        except Exception as exc:  # boundary: report why the store is not ready
+            store, ready = f"{stores.backend} does not answer: {exc.__class__.__name__}: {exc}", False
         return JSONResponse(
-            {"status": "ready" if ready else "not ready", "backends": backends}, status_code=200 if ready else 503
+            {"status": "ready" if ready else "not ready", "backends": backends, "threads": store},
+            status_code=200 if ready else 503,
         )
 
     @app.get("/metrics", tags=["ops"], dependencies=[require_key])

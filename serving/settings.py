@@ -23,6 +23,7 @@ from gateway import GatewaySettings
 from graphs import GraphSpec
 from serving.auth import AuthSettings
 from serving.guardrails import GuardrailSettings
+from serving.persistence import ThreadSettings
 
 __all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings"]
 
@@ -94,6 +95,8 @@ class Settings(BaseSettings):
     """Graph id -> entry. Replaces the defaults when given in the YAML file."""
     auth: AuthSettings = AuthSettings()
     """Tenants and API keys (required unless ``server.dev``)."""
+    threads: ThreadSettings = ThreadSettings()
+    """Where threads persist: SQLite in the data directory, or PostgreSQL."""
     guardrails: GuardrailSettings = GuardrailSettings()
     """The input filter's global list of sensitive terms."""
     audit_file: Path | None = None

@@ -10,7 +10,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +186,53 @@ def down_server(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str)
         yield handle
     finally:
         stop_server(handle)
+
+
+def _as_postgres(*command: str) -> list[str]:
+    # PostgreSQL refuses to run as root; CI and these machines run tests as root.
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else list(command)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A real PostgreSQL server (Debian's package; `.ci/run` installs it) on a free
+    loopback port, for the session. Yields the DSN of its ``postgres`` database."""
+    binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    assert binaries, "PostgreSQL is not installed (apt-get install postgresql; .ci/run does it)"
+    bindir = binaries[-1].parent
+    data = Path(tempfile.mkdtemp(prefix="switchyard-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(data, "postgres", "postgres")
+    subprocess.run(
+        _as_postgres(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"),
+        check=True, capture_output=True,
+    )
+    port = free_port()
+    options = f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+    subprocess.run(
+        _as_postgres(str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(data / "server.log"), "-w", "start"),
+        check=True, capture_output=True,
+    )
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(_as_postgres(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"), capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_dsn(postgres: str) -> Iterator[str]:
+    """A fresh database for one test, dropped afterwards."""
+    import psycopg  # noqa: PLC0415 - only the tests that use PostgreSQL need it
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield postgres.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(postgres, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

@@ -166,8 +166,13 @@ async def test_a_second_run_on_a_busy_thread_is_refused(client: LangGraphClient)
     assert (await client.threads.get(tid))["status"] != "busy"
 
 
-async def test_a_thread_survives_a_server_restart(local_backend: object, tmp_path: Any) -> None:
-    config = {"gateway": {"models_file": str(REPO / "config/models.yaml")}}
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_a_thread_survives_a_server_restart(
+    local_backend: object, tmp_path: Any, store: str, request: pytest.FixtureRequest
+) -> None:
+    config: dict[str, Any] = {"gateway": {"models_file": str(REPO / "config/models.yaml")}}
+    if store == "postgres":
+        config["threads"] = {"postgres_dsn": request.getfixturevalue("postgres_dsn")}
     first = start_server(tmp_path, config)
     try:
         client = get_client(url=first.url, api_key=None)
@@ -189,4 +194,4 @@ async def test_a_thread_survives_a_server_restart(local_backend: object, tmp_pat
         await client.http.client.aclose()
     finally:
         stop_server(second)
-    assert (tmp_path / "data" / "threads.sqlite").is_file()
+    assert (tmp_path / "data" / "threads.sqlite").is_file() == (store == "sqlite")
