@@ -129,7 +129,8 @@ def serve(
             port=settings.server.port,
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=30,
+            # Streams get shutdown_grace_s (serving/sse.py); uvicorn waits a little longer.
+            timeout_graceful_shutdown=int(settings.server.shutdown_grace_s) + 5,
         )
     finally:
         for backend in started:

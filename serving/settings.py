@@ -60,6 +60,9 @@ class ServerSettings(BaseModel):
     """Larger request bodies get 413."""
     max_concurrent_runs: int = Field(default=128, ge=1)
     """Runs in progress at once on this server, all keys together (429 beyond)."""
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM: stop accepting, let running streams finish for this long, then
+    cancel them with an error event."""
     run_deadline_s: float = Field(default=300.0, gt=0)
     """A run still going after this long is cancelled and the client gets a timeout
     error. A request may lower it with the ``x-run-deadline-s`` header."""

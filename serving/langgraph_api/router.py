@@ -95,6 +95,13 @@ def _location(thread_id: str | None, run_id: str) -> str:
     return f"/threads/{thread_id}/runs/{run_id}" if thread_id else f"/runs/{run_id}"
 
 
+_SHUTDOWN_FAREWELL = (
+    "event: error\r\ndata: "
+    + dumps({"error": "ServerShutdown", "message": "the server is shutting down; the run was cancelled"})
+    + "\r\n\r\n"
+)
+
+
 def _deadline_error(exc: RunDeadlineError) -> dict[str, str]:
     return {"error": "DeadlineExceeded", "message": str(exc)}
 
@@ -119,10 +126,13 @@ async def _stream(
     # Start the run now (its first event is `metadata`): a started run always finishes
     # its clean-up (thread status, run slot), even if the response never gets sent.
     first = await anext(events)
+    server = request.app.state.platform.settings.server
     return EventStream(
         _sse(first, events),
         headers={"Content-Location": _location(thread, run_id)},
-        ping=request.app.state.platform.settings.server.keepalive_s,
+        ping=server.keepalive_s,
+        grace_s=server.shutdown_grace_s,
+        farewell=_SHUTDOWN_FAREWELL,
     )
 
 

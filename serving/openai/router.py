@@ -25,6 +25,16 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+_SHUTDOWN_FAREWELL = (
+    "data: "
+    + ErrorResponse.model_validate(
+        {"error": {"message": "the server is shutting down; the answer was cut short", "type": "server_error",
+                   "code": "server_shutdown"}}
+    ).model_dump_json()
+    + "\r\n\r\ndata: [DONE]\r\n\r\n"
+)
+
+
 @router.get("/models", response_model=ModelList)
 async def list_models(service: ChatServiceDep, principal: PrincipalDep) -> ModelList:
     """The graphs and model aliases the caller may use; each id is a valid ``model``."""
@@ -71,7 +81,10 @@ async def chat_completions(
     except BaseException:
         await stream.aclose()
         raise
+    server = request.app.state.platform.settings.server
     return EventStream(
         _after_first(first, stream),
-        ping=request.app.state.platform.settings.server.keepalive_s,
+        ping=server.keepalive_s,
+        grace_s=server.shutdown_grace_s,
+        farewell=_SHUTDOWN_FAREWELL,
     )
