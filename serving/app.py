@@ -93,7 +93,11 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         """The process is alive (it may not be ready)."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["ops"])
+    @app.get(
+        "/readyz",
+        tags=["ops"],
+        responses={503: {"description": "Not ready: each backend's and the thread store's reason"}},
+    )
     async def readyz() -> JSONResponse:
         """200 once every backend the graphs call answers its health check; else 503
         with each backend's reason (still loading, refused...)."""
@@ -112,7 +116,16 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
             status_code=200 if ready else 503,
         )
 
-    @app.get("/metrics", tags=["ops"], dependencies=[require_key])
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        dependencies=[require_key],
+        response_class=Response,
+        responses={
+            200: {"description": "Prometheus text format", "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+            401: {"description": "Missing or invalid API key"},
+        },
+    )
     async def metrics() -> Response:
         """Prometheus metrics of this server."""
         return Response(generate_latest(app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

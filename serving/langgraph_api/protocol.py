@@ -94,3 +94,73 @@ class RunCreate(_Request):
         """The requested stream modes, de-duplicated, ``values`` when none."""
         requested = [self.stream_mode] if isinstance(self.stream_mode, str) else list(self.stream_mode)
         return list(dict.fromkeys(requested)) or ["values"]
+
+
+# ---- responses (for the OpenAPI schema; the service builds the same shapes) ----------
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Assistant(_Response):
+    """One assistant per registered graph (``langgraph_sdk.schema.Assistant``)."""
+
+    assistant_id: str
+    graph_id: str
+    name: str
+    description: str | None
+    config: dict[str, Any]
+    context: dict[str, Any]
+    metadata: dict[str, Any]
+    version: int
+    created_at: str
+    updated_at: str
+
+
+class Thread(_Response):
+    """A thread and its latest values (``langgraph_sdk.schema.Thread``)."""
+
+    thread_id: str
+    created_at: str
+    updated_at: str
+    metadata: dict[str, Any]
+    status: Literal["idle", "busy", "interrupted", "error"]
+    values: dict[str, Any] | None
+    interrupts: dict[str, list[dict[str, Any]]]
+    config: dict[str, Any]
+
+
+class Checkpoint(_Response):
+    thread_id: str | None
+    checkpoint_ns: str
+    checkpoint_id: str | None
+    checkpoint_map: dict[str, Any] | None = None
+
+
+class ThreadState(_Response):
+    """A thread's state at a checkpoint (``langgraph_sdk.schema.ThreadState``)."""
+
+    values: dict[str, Any] | list[Any]
+    next: list[str]
+    tasks: list[dict[str, Any]]
+    checkpoint: Checkpoint | None
+    parent_checkpoint: Checkpoint | None
+    metadata: dict[str, Any] | None
+    created_at: str | None
+    interrupts: list[dict[str, Any]]
+
+
+class Ok(_Response):
+    ok: bool
+
+
+class Info(_Response):
+    version: str
+    flags: dict[str, bool]
+
+
+class Detail(BaseModel):
+    """Errors on the LangGraph API: ``{"detail": message}``."""
+
+    detail: str

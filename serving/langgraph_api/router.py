@@ -11,7 +11,19 @@ from sse_starlette import ServerSentEvent
 
 from serving._tasks import RunDeadlineError
 from serving.deps import DeadlineDep, PrincipalDep, RequestIdDep, require_key
-from serving.langgraph_api.protocol import AssistantSearch, HistoryRequest, RunCreate, ThreadCreate, ThreadSearch
+from serving.langgraph_api.protocol import (
+    Assistant,
+    AssistantSearch,
+    Detail,
+    HistoryRequest,
+    Info,
+    Ok,
+    RunCreate,
+    Thread,
+    ThreadCreate,
+    ThreadSearch,
+    ThreadState,
+)
 from serving.langgraph_api.service import LangGraphService, dumps
 from serving.sse import EventStream
 
@@ -21,7 +33,26 @@ def _deadline_in_state(request: Request, deadline_s: DeadlineDep) -> None:
     request.state.deadline_s = deadline_s
 
 
-router = APIRouter(tags=["langgraph"], dependencies=[require_key, Depends(_deadline_in_state)])
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": Detail, "description": description}
+    for status, description in {
+        400: "Invalid request (names the field)",
+        401: "Missing or invalid API key",
+        403: "The tenant may not use this graph",
+        404: "Unknown assistant or thread (another tenant's thread is 404 too)",
+        409: "Thread exists, or has a run in progress",
+        413: "Request body too large",
+        429: "Rate or concurrency limit (see Retry-After)",
+    }.items()
+}
+_STREAM = {
+    200: {
+        "description": "Server-sent events: `metadata` first, then one event per stream part, `error` on failure",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+router = APIRouter(tags=["langgraph"], dependencies=[require_key, Depends(_deadline_in_state)], responses=_ERRORS)
 
 
 def _service(request: Request) -> LangGraphService:
@@ -40,50 +71,50 @@ open_router = APIRouter(tags=["langgraph"])
 """Routes that need no key: LangGraph Server's liveness probe (like ``/healthz``)."""
 
 
-@open_router.get("/ok")
+@open_router.get("/ok", response_model=Ok)
 async def ok() -> dict[str, bool]:
     """Liveness, as LangGraph Server answers it."""
     return {"ok": True}
 
 
-@router.get("/info")
+@router.get("/info", response_model=Info)
 async def info() -> dict[str, Any]:
     """Server information (Agent Chat UI checks it answers)."""
     return {"version": "switchyard-0.1.0", "flags": {"assistants": True, "crons": False, "langsmith": False}}
 
 
-@router.post("/assistants/search")
+@router.post("/assistants/search", response_model=list[Assistant])
 async def search_assistants(service: ServiceDep, principal: PrincipalDep, body: AssistantSearch | None = None) -> Response:
     """One assistant per registered graph the caller may use."""
     return _json(service.search_assistants(body or AssistantSearch(), principal))
 
 
-@router.get("/assistants/{assistant_id}")
+@router.get("/assistants/{assistant_id}", response_model=Assistant)
 async def get_assistant(assistant_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
     return _json(service.get_assistant(assistant_id, principal))
 
 
-@router.post("/threads")
+@router.post("/threads", response_model=Thread)
 async def create_thread(service: ServiceDep, principal: PrincipalDep, body: ThreadCreate | None = None) -> Response:
     return _json(await service.create_thread(body or ThreadCreate(), principal))
 
 
-@router.post("/threads/search")
+@router.post("/threads/search", response_model=list[Thread])
 async def search_threads(service: ServiceDep, principal: PrincipalDep, body: ThreadSearch | None = None) -> Response:
     return _json(await service.search_threads(body or ThreadSearch(), principal))
 
 
-@router.get("/threads/{thread_id}")
+@router.get("/threads/{thread_id}", response_model=Thread)
 async def get_thread(thread_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
     return _json(await service.get_thread(thread_id, principal))
 
 
-@router.get("/threads/{thread_id}/state")
+@router.get("/threads/{thread_id}/state", response_model=ThreadState)
 async def get_thread_state(thread_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
     return _json(await service.thread_state(thread_id, principal))
 
 
-@router.post("/threads/{thread_id}/history")
+@router.post("/threads/{thread_id}/history", response_model=list[ThreadState])
 async def get_thread_history(
     thread_id: str, service: ServiceDep, principal: PrincipalDep, body: HistoryRequest | None = None
 ) -> Response:
@@ -158,19 +189,19 @@ async def _wait(
 RunBody = Annotated[RunCreate, Body()]
 
 
-@router.post("/threads/{thread_id}/runs/stream")
+@router.post("/threads/{thread_id}/runs/stream", response_class=EventStream, status_code=200, responses=_STREAM)
 async def stream_thread_run(thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventStream:
     """Run a graph on a thread; events stream as SSE (``metadata`` first)."""
     return await _stream(service, thread_id, body, request_id, request)
 
 
-@router.post("/runs/stream")
+@router.post("/runs/stream", response_class=EventStream, status_code=200, responses=_STREAM)
 async def stream_stateless_run(body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventStream:
     """Run a graph on a temporary thread, deleted afterwards (unless ``on_completion: keep``)."""
     return await _stream(service, None, body, request_id, request)
 
 
-@router.post("/threads/{thread_id}/runs/wait")
+@router.post("/threads/{thread_id}/runs/wait", response_model=dict[str, Any])
 async def wait_thread_run(
     thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request
 ) -> Response:
@@ -178,7 +209,7 @@ async def wait_thread_run(
     return await _wait(service, thread_id, body, request_id, request)
 
 
-@router.post("/runs/wait")
+@router.post("/runs/wait", response_model=dict[str, Any])
 async def wait_stateless_run(body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> Response:
     """Run a graph on a temporary thread; answer with its final state values."""
     return await _wait(service, None, body, request_id, request)

@@ -21,7 +21,18 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[require_key])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 404, 502, 503)
+    code: {"model": ErrorResponse, "description": description}
+    for code, description in {
+        400: "Invalid request, naming the field; or refused by the input filter or the backend",
+        401: "Missing or invalid API key",
+        403: "The tenant may not use this graph or model",
+        404: "Unknown model (the message lists the valid ones)",
+        413: "Request body too large",
+        429: "Rate or concurrency limit (see Retry-After)",
+        502: "The model backend failed",
+        503: "The model backend is unavailable",
+        504: "The run exceeded its deadline",
+    }.items()
 }
 
 
@@ -35,7 +46,7 @@ _SHUTDOWN_FAREWELL = (
 )
 
 
-@router.get("/models", response_model=ModelList)
+@router.get("/models", response_model=ModelList, responses={401: _ERRORS[401]})
 async def list_models(service: ChatServiceDep, principal: PrincipalDep) -> ModelList:
     """The graphs and model aliases the caller may use; each id is a valid ``model``."""
     return service.models(principal)
@@ -57,7 +68,17 @@ async def _after_first(first: str, rest: AsyncIterator[str]) -> AsyncIterator[st
         await rest.aclose()
 
 
-@router.post("/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
+@router.post(
+    "/chat/completions",
+    response_model=ChatCompletion,
+    responses={
+        **_ERRORS,
+        200: {
+            "description": "The answer; with `stream: true`, server-sent `chat.completion.chunk` events then `[DONE]`",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+    },
+)
 async def chat_completions(
     body: ChatCompletionRequest,
     service: ChatServiceDep,
