@@ -3,8 +3,10 @@
 Modes:
     ``floor``       start ``scripted_backend.py`` and load it directly (the floor).
     ``switchyard``  start the scripted backend and ``switchyard serve`` in front of it, then load
-                    ``model: "chat"`` (LangGraph chat graph) and ``model: "chat-default"`` (alias
-                    passthrough) through Switchyard, sampling its CPU per level.
+                    through Switchyard, sampling its CPU per level: ``model: "chat"`` (LangGraph
+                    chat graph) and ``model: "chat-default"`` (alias passthrough) on the OpenAI
+                    endpoint, and the ``chat`` graph on the LangGraph Server API
+                    (``POST /runs/stream``, ``messages-tuple``); ``--targets`` picks among them.
     ``all``         (default) floor, then switchyard; print deltas vs floor.
     ``url``         load an already running server (``--base-url``, ``--model``).
 
@@ -13,7 +15,7 @@ hard time cap. Results print as a markdown table and are written to ``bench/resu
 
 Usage::
 
-    .venv/bin/python bench/load.py [--mode all] [--levels 1,10,50]
+    .venv/bin/python bench/load.py [--mode all] [--levels 1,10,50] [--targets chat,langgraph-chat]
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 Mode = Literal["floor", "switchyard", "all", "url"]
 ClientKind = Literal["raw", "httpx"]
+Protocol = Literal["openai", "langgraph"]
+
+SWITCHYARD_TARGETS: dict[str, tuple[Protocol, str]] = {
+    "chat": ("openai", "chat"),
+    "chat-default": ("openai", "chat-default"),
+    "langgraph-chat": ("langgraph", "chat"),
+}
+"""``--targets`` names -> (protocol, model or assistant id); loaded in this order."""
+PROMPT = "Write a short paragraph about load testing."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,9 +116,11 @@ class Target:
     label: str
     """Name used in tables and JSON."""
     base_url: str
-    """OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1``."""
+    """OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1``; for ``langgraph`` the server root."""
     model: str
-    """``model`` field of each request."""
+    """``model`` field of each request (``assistant_id`` for ``langgraph``)."""
+    protocol: Protocol = "openai"
+    """``openai``: ``POST {base}/chat/completions``; ``langgraph``: ``POST {base}/runs/stream``."""
     server_pid: int | None = None
     """Process (tree) whose CPU is charged to the server column."""
     backend_pid: int | None = None
@@ -177,6 +190,86 @@ class _StreamAccumulator:
         if usage:
             self.usage_tokens = usage.get("completion_tokens")
 
+    def body_end(self) -> None:
+        """The response body ended; OpenAI streams must have said ``[DONE]`` before."""
+
+
+class _LangGraphAccumulator:
+    """Incremental parser for a LangGraph Server ``/runs/stream`` SSE body (``messages-tuple``).
+
+    Events are ``event:``/``data:`` (/``id:``) lines ended by a blank line; ``metadata`` comes
+    first, then ``messages`` events whose data is ``[message_chunk, metadata]``. A chunk with
+    non-empty ``content`` is a token. There is no ``[DONE]``: the stream ends with the body.
+    """
+
+    __slots__ = ("_buf", "_event_name", "_data", "t_first", "t_done", "chunks", "usage_tokens",
+                 "error", "_saw_metadata")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._event_name = b"message"
+        self._data: bytes | None = None
+        self.t_first: float | None = None
+        self.t_done: float | None = None
+        self.chunks = 0
+        self.usage_tokens: int | None = None  # never set: tokens are counted as content chunks
+        self.error: str | None = None
+        self._saw_metadata = False
+
+    def feed(self, data: bytes) -> None:
+        """Consume a piece of the body."""
+        buf = self._buf + data if self._buf else data
+        start = 0
+        while (nl := buf.find(b"\n", start)) >= 0:
+            line = buf[start:nl].rstrip(b"\r")
+            start = nl + 1
+            if not line:  # blank line: dispatch the event
+                if self._data is not None:
+                    self._event(self._event_name, self._data)
+                self._event_name, self._data = b"message", None
+            elif line.startswith(b"data:"):
+                payload = line[5:].strip()
+                self._data = payload if self._data is None else self._data + b"\n" + payload
+            elif line.startswith(b"event:"):
+                self._event_name = line[6:].strip()
+            # "id:", "retry:" and ": ping" comments are ignored
+        self._buf = buf[start:]
+
+    def _event(self, name: bytes, payload: bytes) -> None:
+        if name == b"messages" or name.startswith(b"messages|"):
+            try:
+                chunk = json.loads(payload)[0]
+            except (ValueError, IndexError, KeyError, TypeError):
+                self.error = self.error or "bad_json"
+                return
+            if isinstance(chunk, dict) and chunk.get("content"):
+                self.chunks += 1
+                if self.t_first is None:
+                    self.t_first = time.perf_counter()
+        elif name == b"metadata":
+            self._saw_metadata = True
+        elif name == b"error":
+            self.error = self.error or "error_event"
+
+    def body_end(self) -> None:
+        """The response body ended: that is the end of the run."""
+        if self.t_done is None:
+            self.t_done = time.perf_counter()
+        if self._buf:  # last line without its line end
+            self.feed(b"\n")
+        if self._data is not None:  # last event without its blank line
+            self._event(self._event_name, self._data)
+            self._data = None
+        if not self._saw_metadata:
+            self.error = self.error or "no_metadata"
+
+
+_Accumulator = _StreamAccumulator | _LangGraphAccumulator
+
+
+def _new_accumulator(protocol: Protocol) -> _Accumulator:
+    return _LangGraphAccumulator() if protocol == "langgraph" else _StreamAccumulator()
+
 
 # --------------------------------------------------------------------------- clients
 
@@ -193,7 +286,7 @@ class _SSEClientProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buf = b""
         self._state = "idle"
-        self._acc: _StreamAccumulator | None = None
+        self._acc: _Accumulator | None = None
         self._future: asyncio.Future[int] | None = None
         self._status = 0
         self._remaining = 0
@@ -203,7 +296,7 @@ class _SSEClientProtocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
-    def send(self, request: bytes, acc: _StreamAccumulator) -> asyncio.Future[int]:
+    def send(self, request: bytes, acc: _Accumulator) -> asyncio.Future[int]:
         """Write ``request``; the future resolves to the status once the body is read."""
         assert self.transport is not None
         self._acc = acc
@@ -232,6 +325,7 @@ class _SSEClientProtocol(asyncio.Protocol):
             if self._state == "until_eof":
                 assert self._acc is not None
                 self._acc.feed(self._buf)
+                self._acc.body_end()
                 self._future.set_result(self._status)
             else:
                 self._future.set_exception(ConnectionResetError("connection closed mid-response"))
@@ -297,11 +391,17 @@ class _SSEClientProtocol(asyncio.Protocol):
 
     def _finish(self) -> None:
         self._state = "idle"
+        if self._acc is not None:
+            self._acc.body_end()
         self._acc = None
         if self._future is not None and not self._future.done():
             self._future.set_result(self._status)
         if self._close_after and self.transport is not None:
             self.transport.close()
+
+
+_ENDPOINTS: dict[Protocol, str] = {"openai": "/chat/completions", "langgraph": "/runs/stream"}
+"""Path appended to a target's base URL."""
 
 
 class _RawConnection:
@@ -319,7 +419,7 @@ class _RawConnection:
         self._port = url.port or 80
         auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         self._request = (
-            f"POST {url.path.rstrip('/')}/chat/completions HTTP/1.1\r\n"
+            f"POST {url.path.rstrip('/')}{_ENDPOINTS[target.protocol]} HTTP/1.1\r\n"
             f"Host: {self._host}:{self._port}\r\nContent-Type: application/json\r\n"
             f"Accept: text/event-stream\r\n{auth}Content-Length: {len(body)}\r\n\r\n"
         ).encode() + body
@@ -337,7 +437,7 @@ class _RawConnection:
             self._protocol.transport.close()
         self._protocol = None
 
-    async def stream(self, acc: _StreamAccumulator) -> int:
+    async def stream(self, acc: _Accumulator) -> int:
         """Send the request, feed the body to ``acc``, return the HTTP status."""
         await self.connect()
         assert self._protocol is not None
@@ -350,7 +450,7 @@ class _HttpxConnection:
     def __init__(self, client: httpx.AsyncClient, target: Target, body: bytes,
                  api_key: str | None) -> None:
         self._client = client
-        self._url = target.base_url.rstrip("/") + "/chat/completions"
+        self._url = target.base_url.rstrip("/") + _ENDPOINTS[target.protocol]
         self._body = body
         self._headers = {"content-type": "application/json", "accept": "text/event-stream"}
         if api_key:
@@ -362,21 +462,22 @@ class _HttpxConnection:
     def close(self) -> None:
         """The pool owns connections."""
 
-    async def stream(self, acc: _StreamAccumulator) -> int:
+    async def stream(self, acc: _Accumulator) -> int:
         """Send the request, feed the body to ``acc``, return the HTTP status."""
         async with self._client.stream("POST", self._url, content=self._body,
                                        headers=self._headers) as response:
             async for data in response.aiter_raw():
                 acc.feed(data)
+            acc.body_end()
             return response.status_code
 
 
 _Connection = _RawConnection | _HttpxConnection
 
 
-async def _one_request(conn: _Connection, timeout_s: float) -> RequestResult:
-    """Run one streamed completion and classify it."""
-    acc = _StreamAccumulator()
+async def _one_request(conn: _Connection, timeout_s: float, protocol: Protocol) -> RequestResult:
+    """Run one streamed completion (or LangGraph run) and classify it."""
+    acc = _new_accumulator(protocol)
     t0 = time.perf_counter()
     error: str | None = None
     status = 0
@@ -405,10 +506,17 @@ async def _one_request(conn: _Connection, timeout_s: float) -> RequestResult:
     )
 
 
-def _request_body(model: str, tokens: int) -> bytes:
+def _request_body(target: Target, tokens: int) -> bytes:
+    if target.protocol == "langgraph":  # stateless run of graph ``model``
+        return json.dumps({
+            "assistant_id": target.model,
+            "input": {"messages": [{"role": "user", "content": PROMPT}]},
+            "stream_mode": ["messages-tuple"],
+            "context": {"model_params": {"max_tokens": tokens}},
+        }).encode()
     return json.dumps({
-        "model": model,
-        "messages": [{"role": "user", "content": "Write a short paragraph about load testing."}],
+        "model": target.model,
+        "messages": [{"role": "user", "content": PROMPT}],
         "stream": True,
         "max_tokens": tokens,
         "stream_options": {"include_usage": True},
@@ -472,7 +580,7 @@ def _ms(value: float | None) -> float | None:
 async def run_level(target: Target, concurrency: int, opts: LoadOptions) -> dict[str, Any]:
     """Drive one concurrency level against ``target`` and summarise it."""
     n_requests = opts.requests_for(concurrency)
-    body = _request_body(target.model, opts.tokens)
+    body = _request_body(target, opts.tokens)
     results: list[RequestResult] = []
     remaining = n_requests
     async with contextlib.AsyncExitStack() as stack:
@@ -496,7 +604,7 @@ async def run_level(target: Target, concurrency: int, opts: LoadOptions) -> dict
             await asyncio.sleep(opts.ramp_s * index / concurrency)
             while remaining > 0:
                 remaining -= 1
-                results.append(await _one_request(conn, opts.request_timeout_s))
+                results.append(await _one_request(conn, opts.request_timeout_s, target.protocol))
 
         cpu0 = _sample_cpu(target)
         t0 = time.perf_counter()
@@ -564,13 +672,13 @@ def _summarise(concurrency: int, n_requests: int, results: list[RequestResult], 
 async def run_target(target: Target, opts: LoadOptions) -> list[dict[str, Any]]:
     """Warm up, then run every level against ``target``."""
     if opts.warmup:
-        body = _request_body(target.model, opts.tokens)
+        body = _request_body(target, opts.tokens)
         conn: _Connection
         async with httpx.AsyncClient(timeout=opts.request_timeout_s) as client:
             conn = (_HttpxConnection(client, target, body, opts.api_key) if opts.client == "httpx"
                     else _RawConnection(target, body, opts.api_key))
             for _ in range(opts.warmup):
-                result = await _one_request(conn, opts.request_timeout_s)
+                result = await _one_request(conn, opts.request_timeout_s, target.protocol)
                 if not result.ok:
                     print(f"  warmup request to {target.label} failed: {result.error}",
                           file=sys.stderr)
@@ -578,7 +686,7 @@ async def run_target(target: Target, opts: LoadOptions) -> list[dict[str, Any]]:
     levels = []
     for concurrency in opts.levels:
         level = await run_level(target, concurrency, opts)
-        print(f"  {target.label:<16} c={concurrency:<3} ok={level['ok']}/{level['requests']} "
+        print(f"  {target.label:<25} c={concurrency:<3} ok={level['ok']}/{level['requests']} "
               f"ttft p50={level['ttft_p50_ms']} ms p95={level['ttft_p95_ms']} ms "
               f"req/s={level['req_per_s']} cpu ms/req server={level.get('server_cpu_ms_per_req')} "
               f"client={level['client_cpu_ms_per_req']} other-load={level['other_cpu_cores']} cores"
@@ -811,12 +919,14 @@ async def _bench(args: argparse.Namespace, opts: LoadOptions, stack: contextlib.
             raise SystemExit(f"switchyard binary not found: {binary}")
         server, port = _start_switchyard(stack, workdir, binary, backend_port)
         await server.wait_ready(f"http://127.0.0.1:{port}/readyz", args.ready_timeout)
-        for model in ("chat", "chat-default"):
-            target = Target(label=f"switchyard:{model}", base_url=f"http://127.0.0.1:{port}/v1",
-                            model=model, server_pid=server.pid, backend_pid=backend.pid)
-            print(f"switchyard: model={model}", file=sys.stderr)
+        for name in args.targets:
+            protocol, model = SWITCHYARD_TARGETS[name]
+            base_url = f"http://127.0.0.1:{port}" + ("/v1" if protocol == "openai" else "")
+            target = Target(label=f"switchyard:{name}", base_url=base_url, model=model,
+                            protocol=protocol, server_pid=server.pid, backend_pid=backend.pid)
+            print(f"switchyard: {name} ({protocol}, {model})", file=sys.stderr)
             levels = await run_target(target, opts)
-            run: dict[str, Any] = {"model": model, "levels": levels}
+            run: dict[str, Any] = {"model": model, "protocol": protocol, "levels": levels}
             if "floor" in runs:
                 run["vs_floor"] = _deltas(runs["floor"]["levels"], levels)
             runs[target.label] = run
@@ -829,6 +939,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--mode", choices=["floor", "switchyard", "all", "url"], default="all")
     parser.add_argument("--levels", default="1,10,50", help="concurrency levels (default 1,10,50)")
+    parser.add_argument("--targets", default=",".join(SWITCHYARD_TARGETS),
+                        help="switchyard targets, comma list among "
+                             f"{', '.join(SWITCHYARD_TARGETS)} (default all)")
     parser.add_argument("--requests-per-level", type=int, default=None,
                         help="requests per level (default 30 at c=1, else 200)")
     parser.add_argument("--level-timeout", type=float, default=60.0,
@@ -851,6 +964,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.mode == "url" and not args.base_url:
         parser.error("--mode url needs --base-url")
+    targets = list(dict.fromkeys(t.strip() for t in args.targets.split(",") if t.strip()))
+    unknown = [t for t in targets if t not in SWITCHYARD_TARGETS]
+    if unknown or not targets:
+        parser.error(f"--targets: unknown {', '.join(unknown) or '(empty)'}; "
+                     f"choose among {', '.join(SWITCHYARD_TARGETS)}")
+    args.targets = targets
     return args
 
 
@@ -899,7 +1018,8 @@ def main(argv: list[str] | None = None) -> None:
         "settings": {"levels": list(levels), "tokens": args.tokens, "delay_ms": args.delay_ms,
                      "requests_per_level": {c: opts.requests_for(c) for c in levels},
                      "level_timeout_s": args.level_timeout, "ramp_ms": ramp_ms,
-                     "warmup": args.warmup, "client": args.client},
+                     "warmup": args.warmup, "client": args.client,
+                     "switchyard_targets": args.targets},
         "targets": dataclasses.asdict(Targets()),
         "runs": runs,
     }
