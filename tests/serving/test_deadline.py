@@ -5,7 +5,6 @@ gets a clear timeout error."""
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import httpx
@@ -14,27 +13,12 @@ from langgraph_sdk import get_client
 
 from gateway import Backend
 from tests.conftest import ServerHandle
+from tests.promql import backend_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llm]
 
 LONG = [{"role": "user", "content": "Continue this list forever: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"}]
 DEADLINE = {"x-run-deadline-s": "1.5"}
-
-
-def _processing(backend: Backend) -> float:
-    text = httpx.get(backend.root_url + "/metrics").text
-    match = re.search(r"^llamacpp:requests_processing ([0-9.]+)$", text, re.MULTILINE)
-    assert match
-    return float(match.group(1))
-
-
-def _idle(backend: Backend, within_s: float = 5) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if _processing(backend) == 0:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.mark.parametrize("model", ["chat", "chat-default"])
@@ -52,7 +36,7 @@ def test_a_stream_past_its_deadline_ends_with_a_timeout_error(
     assert error["code"] == "deadline_exceeded" and error["type"] == "timeout" and "1.5s" in error["message"]
     assert len(payloads) > 3  # tokens streamed before the deadline
     assert elapsed < 10  # 1800 tokens would take far longer
-    assert _idle(local_backend)
+    assert backend_idle(local_backend)
 
 
 def test_a_whole_answer_past_its_deadline_is_504(server: ServerHandle, local_backend: Backend) -> None:
@@ -60,7 +44,7 @@ def test_a_whole_answer_past_its_deadline_is_504(server: ServerHandle, local_bac
     response = httpx.post(server.url + "/v1/chat/completions", json=body, headers=DEADLINE, timeout=60)
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "deadline_exceeded"
-    assert _idle(local_backend)
+    assert backend_idle(local_backend)
 
 
 def test_a_bad_deadline_header_is_400(server: ServerHandle) -> None:
@@ -85,5 +69,5 @@ async def test_a_langgraph_run_past_its_deadline_gets_a_timeout_event(
     assert parts[0].event == "metadata" and any(p.event == "messages" for p in parts)
     assert parts[-1].event == "error" and parts[-1].data["error"] == "DeadlineExceeded"
     assert (await client.threads.get(thread["thread_id"]))["status"] == "idle"  # usable again
-    assert _idle(local_backend)
+    assert backend_idle(local_backend)
     await client.http.client.aclose()

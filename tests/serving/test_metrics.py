@@ -3,28 +3,16 @@ scripted backend, so token counts are exact)."""
 
 from __future__ import annotations
 
-import re
 
 import httpx
 import pytest
 
 from tests.conftest import ServerHandle
+from tests.promql import sample
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llm]
 
 HELLO = [{"role": "user", "content": "hello"}]
-
-
-def _sample(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(rf"^{re.escape(name)}\{{(.*)\}} ([0-9.e+-]+)$", line)
-        if not match:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
 
 
 def test_counters_move_with_a_known_sequence(server: ServerHandle) -> None:
@@ -38,7 +26,7 @@ def test_counters_move_with_a_known_sequence(server: ServerHandle) -> None:
     after = httpx.get(server.url + "/metrics").text
 
     def delta(name: str, **labels: str) -> float:
-        return _sample(after, name, **labels) - _sample(before, name, **labels)
+        return sample(after, name, **labels) - sample(before, name, **labels)
 
     assert delta("switchyard_runs_total", kind="graph", target="chat-fake", outcome="ok") == 1
     assert delta("switchyard_runs_total", kind="alias", target="fake-ok", outcome="ok") == 1
@@ -51,4 +39,4 @@ def test_counters_move_with_a_known_sequence(server: ServerHandle) -> None:
     assert delta("switchyard_request_duration_seconds_count", route=route, status="502") == 1
     assert delta("switchyard_request_duration_seconds_count", route=route, status="404") == 1
     assert delta("switchyard_time_to_first_token_seconds_count", kind="alias") == 1
-    assert _sample(after, "switchyard_runs_in_flight") == 0 or "switchyard_runs_in_flight 0.0" in after
+    assert sample(after, "switchyard_runs_in_flight") == 0 or "switchyard_runs_in_flight 0.0" in after

@@ -5,7 +5,6 @@ leaves no backend request generating."""
 from __future__ import annotations
 
 import json
-import re
 import signal
 import threading
 import time
@@ -16,17 +15,11 @@ import pytest
 
 from gateway import Backend
 from tests.conftest import REPO, start_server, stop_server
+from tests.promql import backend_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llm]
 
 LONG = [{"role": "user", "content": "Continue this list forever: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"}]
-
-
-def _processing(backend: Backend) -> float:
-    text = httpx.get(backend.root_url + "/metrics").text
-    match = re.search(r"^llamacpp:requests_processing ([0-9.]+)$", text, re.MULTILINE)
-    assert match
-    return float(match.group(1))
 
 
 @pytest.mark.parametrize(("max_tokens", "finishes"), [(20, True), (1800, False)])
@@ -60,7 +53,7 @@ def test_sigterm_drains_or_cancels_streams(
         error = json.loads(payloads[-2])["error"]
         assert error["code"] == "server_shutdown"
         assert 1.5 < ended < 10  # ran for the grace period, then was cut
-        assert _processing(local_backend) == 0  # no orphan backend request
+        assert backend_idle(local_backend, within_s=0.5)  # no orphan backend request
     with pytest.raises(httpx.HTTPError):
         httpx.get(server.url + "/healthz", timeout=2)  # no longer accepting
 
@@ -96,4 +89,4 @@ def test_sigterm_cancels_a_langgraph_run_with_an_error_event(tmp_path: Path, loc
         stop_server(server)
     assert events[0][0] == "metadata"
     assert events[-1][0] == "error" and json.loads(events[-1][1])["error"] == "ServerShutdown"
-    assert _processing(local_backend) == 0
+    assert backend_idle(local_backend, within_s=0.5)
