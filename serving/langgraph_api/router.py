@@ -114,11 +114,20 @@ async def get_thread_state(thread_id: str, service: ServiceDep, principal: Princ
     return _json(await service.thread_state(thread_id, principal))
 
 
+@router.get("/threads/{thread_id}/state/{checkpoint_id}", response_model=ThreadState)
+async def get_thread_state_at(thread_id: str, checkpoint_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+    """The thread's state at one checkpoint (from its history)."""
+    return _json(await service.thread_state(thread_id, principal, checkpoint_id))
+
+
 @router.post("/threads/{thread_id}/history", response_model=list[ThreadState])
 async def get_thread_history(
     thread_id: str, service: ServiceDep, principal: PrincipalDep, body: HistoryRequest | None = None
 ) -> Response:
-    return _json(await service.thread_history(thread_id, (body or HistoryRequest()).limit, principal))
+    """States newest first; ``before`` (a checkpoint id or ``{checkpoint_id}``) pages back."""
+    query = body or HistoryRequest()
+    before = query.before.get("checkpoint_id") if isinstance(query.before, dict) else query.before
+    return _json(await service.thread_history(thread_id, query.limit, principal, before))
 
 
 def _location(thread_id: str | None, run_id: str) -> str:

@@ -140,11 +140,14 @@ class LangGraphService:
             return None
         return self._graphs.get(graph_id).threaded
 
-    async def _snapshot(self, record: ThreadRecord) -> StateSnapshot | None:
+    async def _snapshot(self, record: ThreadRecord, checkpoint_id: str | None = None) -> StateSnapshot | None:
         graph = self._threaded(record.graph_id)
         if graph is None:
             return None
-        snapshot = await graph.aget_state({"configurable": {"thread_id": record.thread_id}})
+        configurable = {"thread_id": record.thread_id}
+        if checkpoint_id is not None:
+            configurable.update(checkpoint_ns="", checkpoint_id=checkpoint_id)
+        snapshot = await graph.aget_state({"configurable": configurable})
         return snapshot if snapshot.created_at is not None else None
 
     async def _thread_json(self, record: ThreadRecord) -> dict[str, Any]:
@@ -222,20 +225,34 @@ class LangGraphService:
             "interrupts": _interrupts(snapshot.interrupts),
         }
 
-    async def thread_state(self, thread_id: str, principal: Principal) -> dict[str, Any]:
-        snapshot = await self._snapshot(await self._record(thread_id, principal))
+    async def thread_state(
+        self, thread_id: str, principal: Principal, checkpoint_id: str | None = None
+    ) -> dict[str, Any]:
+        """The thread's latest state, or its state at ``checkpoint_id``.
+
+        Raises:
+            ServingError: 404 for an unknown thread or checkpoint.
+        """
+        snapshot = await self._snapshot(await self._record(thread_id, principal), checkpoint_id)
+        if snapshot is None and checkpoint_id is not None:
+            raise ServingError(404, f"checkpoint {checkpoint_id!r} not found on thread {thread_id!r}")
         if snapshot is None:
             empty: dict[str, Any] = {"values": {}, "next": [], "tasks": [], "checkpoint": None}
             return {**empty, "parent_checkpoint": None, "metadata": None, "created_at": None, "interrupts": []}
         return self._state_json(snapshot)
 
-    async def thread_history(self, thread_id: str, limit: int, principal: Principal) -> list[dict[str, Any]]:
+    async def thread_history(
+        self, thread_id: str, limit: int, principal: Principal, before: str | None = None
+    ) -> list[dict[str, Any]]:
+        """States newest first, at most ``limit``, older than checkpoint ``before`` if given."""
         record = await self._record(thread_id, principal)
         graph = self._threaded(record.graph_id)
         if graph is None:
             return []
         config = {"configurable": {"thread_id": thread_id}}
-        return [self._state_json(snapshot) async for snapshot in graph.aget_state_history(config, limit=limit)]
+        older = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": before}} if before else None
+        history = graph.aget_state_history(config, limit=limit, before=older)
+        return [self._state_json(snapshot) async for snapshot in history]
 
     # ---- runs ------------------------------------------------------------------------
 

@@ -99,6 +99,12 @@ async def test_stream_modes_on_a_thread_and_memory_across_runs(client: LangGraph
     assert stored["metadata"]["assistant_id"] == assistant_uuid("chat")
     history = await client.threads.get_history(tid, limit=3)
     assert len(history) == 3 and history[0]["checkpoint"]["checkpoint_id"] == state["checkpoint"]["checkpoint_id"]
+    older = await client.threads.get_history(tid, limit=2, before=history[0]["checkpoint"])
+    assert [h["checkpoint"]["checkpoint_id"] for h in older] == [h["checkpoint"]["checkpoint_id"] for h in history[1:3]]
+    earlier = await client.threads.get_state(tid, checkpoint_id=history[2]["checkpoint"]["checkpoint_id"])
+    assert earlier["values"] == history[2]["values"] and earlier["checkpoint"] == history[2]["checkpoint"]
+    with pytest.raises(NotFoundError):
+        await client.threads.get_state(tid, checkpoint_id="no-such-checkpoint")
 
     # Raw SSE: every event carries an increasing id; JSON data.
     body = {"assistant_id": "chat", "input": HI, "stream_mode": ["values"], "context": SHORT}
