@@ -29,7 +29,7 @@ async def open_chat(
         BackendResponseError: an error status; the backend's own message is kept.
     """
     request = client.build_request(
-        "POST", f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {api_key}"}
+        "POST", f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {api_key}", "Accept-Encoding": "identity"}
     )
     try:
         response = await client.send(request, stream=True)
@@ -48,6 +48,23 @@ async def open_chat(
     return response
 
 
+async def _lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    # SSE lines as bytes, split on LF (a CR before it is stripped by the caller's
+    # strip()). Straight from the raw body: no text decoding layer for JSON that
+    # json.loads reads as bytes anyway.
+    pending = b""
+    encoded = response.headers.get("content-encoding", "identity") != "identity"
+    async for data in response.aiter_bytes() if encoded else response.aiter_raw():
+        pending += data
+        if b"\n" not in data:
+            continue
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
+
+
 async def iter_chunks(response: httpx.Response, backend_id: str) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of an SSE chat-completion stream, up to ``[DONE]``; closes the
     response when done or closed early (which makes the backend stop generating).
@@ -57,11 +74,11 @@ async def iter_chunks(response: httpx.Response, backend_id: str) -> AsyncIterato
         BackendUnavailableError: the stream broke off.
     """
     try:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
+        async for line in _lines(response):
+            if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
-            if data == "[DONE]":
+            if data == b"[DONE]":
                 return
             try:
                 chunk = json.loads(data)

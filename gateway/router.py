@@ -16,6 +16,7 @@ import httpx
 from langchain_core.language_models import BaseChatModel
 
 from gateway.chat import build_chat_model, httpx_timeout
+from gateway._net import pooled_transport
 from gateway._wire import iter_chunks, open_chat, read_json
 from gateway.errors import CapabilityError
 from gateway.health import BackendHealth, probe
@@ -44,7 +45,7 @@ class ModelGateway:
     def _pool(self, backend: Backend) -> httpx.AsyncClient:
         pool = self._pools.get(backend.id)
         if pool is None:
-            pool = httpx.AsyncClient(timeout=httpx_timeout(backend), limits=_LIMITS)
+            pool = httpx.AsyncClient(timeout=httpx_timeout(backend), transport=pooled_transport(_LIMITS))
             self._pools[backend.id] = pool
         return pool
 

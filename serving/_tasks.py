@@ -1,13 +1,13 @@
-"""Running a graph in a task of its own, so a client disconnect cancels it cleanly.
+"""Deadlines for runs streamed in the request's task, and background runs.
 
-The SSE response streams inside an anyio cancel scope, and anyio cancellation is
-level-triggered: once the client is gone, every ``await`` in that scope is cancelled
-again. LangGraph cancels its node tasks on the way out and then awaits them; under
-the scope that await is cut short and the node (and its open request to the model
-backend) goes on generating. Measured here: the backend kept generating for minutes
-after the client left. Pumping the graph's stream from a plain asyncio task, and
-cancelling that task with ``Task.cancel()`` (edge-triggered), lets LangGraph's own
-clean-up run to the end: the backend request is closed within a second.
+`with_deadline` bounds a run that streams in the request's own task (see
+`serving.sse` for why cancellation is edge-triggered ``Task.cancel()``): when the
+deadline passes while the task waits on the run, the task is cancelled once and the
+run's own clean-up runs to the end; if the task is elsewhere (sending a frame), the
+run is stopped at its next step. Either way the consumer gets `RunDeadlineError`.
+
+`detached` pumps a source from a task of its own, for runs that must outlive the
+request that started them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-__all__ = ["RunDeadlineError", "detached"]
+__all__ = ["RunDeadlineError", "detached", "with_deadline"]
 
 T = TypeVar("T")
 
@@ -38,6 +38,51 @@ class RunDeadlineError(Exception):
     def __init__(self, deadline_s: float) -> None:
         self.deadline_s = deadline_s
         super().__init__(f"the run exceeded its deadline of {deadline_s:g}s and was cancelled")
+
+
+async def with_deadline(source: AsyncIterator[T], deadline_s: float | None) -> AsyncIterator[T]:
+    """Iterate ``source`` in the current task; past ``deadline_s``, stop it and raise
+    `RunDeadlineError` (after the items produced before it). ``source`` is closed
+    when this iterator is."""
+    if deadline_s is None:
+        async with aclosing(source) as items:  # type: ignore[type-var]
+            async for item in items:
+                yield item
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    inside = expired = fired = False
+
+    def expire() -> None:
+        nonlocal expired, fired
+        expired = True
+        if inside and not task.done():
+            fired = True
+            task.cancel()
+
+    handle = asyncio.get_running_loop().call_later(deadline_s, expire)
+    try:
+        async with aclosing(source) as items:  # type: ignore[type-var]
+            iterator = aiter(items)
+            while True:
+                if expired:
+                    raise RunDeadlineError(deadline_s)
+                inside = True
+                try:
+                    item = await anext(iterator)
+                except StopAsyncIteration:
+                    return
+                except asyncio.CancelledError:
+                    if fired:
+                        fired = False
+                        task.uncancel()
+                        raise RunDeadlineError(deadline_s) from None
+                    raise
+                finally:
+                    inside = False
+                yield item
+    finally:
+        handle.cancel()
 
 
 async def detached(source: AsyncIterator[T], *, deadline_s: float | None = None, buffer: int = 64) -> AsyncIterator[T]:

@@ -8,6 +8,7 @@ pools on shutdown.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,10 +32,26 @@ from serving.openai.service import ChatCompletionService
 from serving.persistence import open_thread_stores
 from serving.platform import Platform
 from serving.settings import Settings
+from serving.sse import Drain
 
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
+
+
+def _tune_gc() -> None:
+    """Keep the cyclic garbage collector off the streaming path.
+
+    Once the platform is loaded, its long-lived objects (modules, compiled graphs,
+    pools) are frozen out of the collector's scans, and the youngest generation is
+    collected every 10,000 allocations instead of 700: a streamed run allocates
+    thousands of short-lived objects (message chunks, callback events), nearly all
+    freed by reference counting. Measured on the `chat` graph at 50 streams: time in
+    the collector fell from about 1 s to 0.13 s per 300 runs (docs/performance.md).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
 
 
 def create_app(settings: Settings, *, platform: Platform | None = None) -> FastAPI:
@@ -47,6 +64,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.drain.bind(asyncio.get_running_loop())
         built = platform or Platform.build(settings)
         metrics = ServingMetrics()
         app.state.platform = built
@@ -68,6 +86,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
             audit,
             input_filter,
         )
+        _tune_gc()
         log.info(
             "serving graphs %s and model aliases %s",
             ", ".join(built.graphs.ids()),
@@ -81,6 +100,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
             await built.aclose()
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
+    app.state.drain = Drain()  # begun by the server on SIGTERM (serving/cli.py)
     app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so even a 413 has an id
     install_error_handlers(app)

@@ -30,6 +30,7 @@ from serving.errors import ServingError
 from serving.observability import configure_logging
 from serving.platform import Platform
 from serving.settings import ConfigError, Settings, load_settings
+from serving.sse import Drain
 
 __all__ = ["CliEnv", "app", "main"]
 
@@ -123,8 +124,9 @@ def serve(
                     err=True,
                 )
         typer.echo(f"Switchyard on http://{settings.server.host}:{settings.server.port} (data in {settings.data_dir})")
-        uvicorn.run(
-            create_app(settings, platform=platform),
+        api = create_app(settings, platform=platform)
+        config = uvicorn.Config(
+            api,
             host=settings.server.host,
             port=settings.server.port,
             log_config=None,
@@ -132,10 +134,23 @@ def serve(
             # Streams get shutdown_grace_s (serving/sse.py); uvicorn waits a little longer.
             timeout_graceful_shutdown=int(settings.server.shutdown_grace_s) + 5,
         )
+        _DrainingServer(config, api.state.drain).run()
     finally:
         for backend in started:
             typer.echo(f"stopping local backend {backend.id}")
             stop_backend(backend, settings.data_dir)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, telling open streams when it starts draining (SIGTERM/SIGINT)."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self._drain = drain
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._drain.begin()
+        super().handle_exit(sig, frame)
 
 
 def _exit_on_sigterm(signum: int, _: object) -> None:

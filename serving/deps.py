@@ -16,22 +16,22 @@ from serving.platform import Platform
 __all__ = ["ChatServiceDep", "DeadlineDep", "MetricsDep", "PlatformDep", "PrincipalDep", "RequestIdDep", "require_key"]
 
 
-def _platform(request: Request) -> Platform:
+async def _platform(request: Request) -> Platform:
     platform: Platform = request.app.state.platform
     return platform
 
 
-def _chat_service(request: Request) -> ChatCompletionService:
+async def _chat_service(request: Request) -> ChatCompletionService:
     service: ChatCompletionService = request.app.state.chat_service
     return service
 
 
-def _metrics(request: Request) -> ServingMetrics:
+async def _metrics(request: Request) -> ServingMetrics:
     metrics: ServingMetrics = request.app.state.metrics
     return metrics
 
 
-def _principal(request: Request) -> Principal:
+async def _principal(request: Request) -> Principal:
     authenticator: Authenticator = request.app.state.authenticator
     principal = authenticator.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
     if authenticator.enabled:
@@ -41,7 +41,7 @@ def _principal(request: Request) -> Principal:
     return principal
 
 
-def _deadline(request: Request) -> float:
+async def _deadline(request: Request) -> float:
     configured: float = request.app.state.platform.settings.server.run_deadline_s
     asked = request.headers.get("x-run-deadline-s")
     if asked is None:
@@ -55,7 +55,7 @@ def _deadline(request: Request) -> float:
     return min(value, configured)
 
 
-def _request_id(request: Request) -> str:
+async def _request_id(request: Request) -> str:
     return str(request.scope.get("state", {}).get("request_id", "-"))
 
 

@@ -69,6 +69,10 @@ async def open_thread_stores(settings: ThreadSettings, data_dir: Any) -> ThreadS
     path = data_dir / "threads.sqlite"
     threads = await SqliteThreadStore.open(path)
     connection = await aiosqlite.connect(path)
+    # WAL (set by the thread store) with synchronous=NORMAL: a commit survives the
+    # process crashing; only a power loss can take the last commits back. FULL
+    # would fsync on every checkpoint, several times per run.
+    await connection.execute("PRAGMA synchronous=NORMAL")
     sqlite_saver = AsyncSqliteSaver(connection)
     await sqlite_saver.setup()
     return ThreadStores(checkpointer=sqlite_saver, threads=threads, backend="sqlite", _close=connection.close)

@@ -1,57 +1,176 @@
-"""The SSE response both protocols use.
+"""The SSE response both protocols use, streaming from the request's own task.
 
-sse-starlette streams inside a task group and, when the client goes away, cancels it,
-leaving the body iterator suspended where it was. Its clean-up (closing the graph run,
-releasing the run slot, recording the outcome) then waits for the garbage collector,
-which may be never if a reference cycle holds it: a run slot leaked that way in the
-tests. `EventStream` closes the iterator itself once the response is over, outside the
-cancelled task group, so every clean-up step runs, in order, at once.
+Each event is sent from the task that handles the request: no queue and no task
+between the graph and the socket. Two small tasks per stream run beside it: one
+waits for the client's ``http.disconnect``, one sends a keep-alive comment when the
+stream has been quiet for ``keepalive_s``.
 
-On shutdown (SIGTERM) a stream may go on for the grace period; one still running then
-is cancelled and ends with the protocol's ``farewell`` error event, so clients know
-why the answer stopped.
+Cancellation is edge-triggered (``Task.cancel()``), never an anyio cancel scope.
+anyio cancellation is level-triggered: every ``await`` in a cancelled scope is
+cancelled again, so LangGraph's own clean-up (it cancels its node tasks, then awaits
+them) would be cut short and the node's open request to the model backend would go
+on generating; measured here, for minutes. With one ``CancelledError`` delivered to
+the request task, the graph's clean-up runs to the end and closes the backend request.
+The body iterator is always closed (``aclose``) before the response returns, so every
+clean-up step of the protocol layer (run slot, thread status, audit) runs at once.
+
+Why a stream ends early, and what the client sees:
+
+- the client went away: nothing more is sent;
+- the server is shutting down (`Drain`): the stream may go on for ``grace_s``, then it
+  is cancelled and ends with the protocol's ``farewell`` event.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-import anyio
-from sse_starlette import EventSourceResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["EventStream"]
+__all__ = ["Drain", "EventStream"]
+
+log = logging.getLogger(__name__)
+
+_KEEPALIVE = b": keep-alive\n\n"
 
 
-class EventStream(EventSourceResponse):
-    """``EventSourceResponse`` that always closes its body iterator when done, and on
-    shutdown lets streams run for ``grace_s`` before cancelling them with ``farewell``."""
+class Drain:
+    """The server's shutdown signal, for responses that outlive a normal request.
+
+    ``begin()`` may be called from a signal handler: it hands over to the event loop
+    bound with ``bind()``.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._callbacks: set[Callable[[], None]] = set()
+        self.draining = False
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def begin(self) -> None:
+        """Start draining (idempotent, safe from a signal handler)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._begin)
+
+    def _begin(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        for callback in list(self._callbacks):
+            callback()
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` in the loop when draining begins (now, if it has);
+        returns the unsubscribe function."""
+        if self.draining:
+            callback()
+            return lambda: None
+        self._callbacks.add(callback)
+        return lambda: self._callbacks.discard(callback)
+
+
+class EventStream(Response):
+    """A ``text/event-stream`` response over an iterator of ready-made SSE frames
+    (``str`` or ``bytes``, each ending with a blank line)."""
+
+    media_type = "text/event-stream"
 
     def __init__(
-        self, content: AsyncIterator[Any], *, grace_s: float = 0, farewell: str | None = None, **kwargs: Any
+        self,
+        content: AsyncIterator[str | bytes],
+        *,
+        keepalive_s: float = 15.0,
+        drain: Drain | None = None,
+        grace_s: float = 0.0,
+        farewell: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        status_code: int = 200,
     ) -> None:
-        self._finished = False
-        self._farewell = farewell
-
-        async def tracked() -> AsyncIterator[Any]:
-            async for item in content:
-                yield item
-            self._finished = True
-
-        self._content = content
-        super().__init__(tracked(), shutdown_event=anyio.Event(), shutdown_grace_period=grace_s, **kwargs)
+        self.body_iterator = content
+        self.status_code = status_code
+        self.background = None
+        self._keepalive_s = keepalive_s
+        self._drain = drain
+        self._grace_s = grace_s
+        self._farewell = farewell.encode() if farewell else None
+        self.init_headers({"cache-control": "no-store", "x-accel-buffering": "no", **(headers or {})})
+        self._stopped: str | None = None  # "disconnect" | "shutdown": why we cancelled the stream
+        self._sending = False
+        self._quiet_since = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+
+        closing = False
+
+        def stop(reason: str) -> None:
+            if self._stopped is None and not closing and not task.done():
+                self._stopped = reason
+                task.cancel()
+
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self._quiet_since = loop.time()
+        helpers = [loop.create_task(self._watch_disconnect(receive, stop))]
+        if self._keepalive_s > 0:
+            helpers.append(loop.create_task(self._keepalive(send)))
+        grace: list[asyncio.TimerHandle] = []
+        unsubscribe = (
+            self._drain.subscribe(lambda: grace.append(loop.call_later(self._grace_s, stop, "shutdown")))
+            if self._drain is not None
+            else (lambda: None)
+        )
         try:
-            await super().__call__(scope, receive, send)
-            if self._shutdown_event is not None and self._shutdown_event.is_set() and not self._finished and self._farewell:
-                try:
-                    await send({"type": "http.response.body", "body": self._farewell.encode(), "more_body": False})
-                except Exception:  # noqa: BLE001 - the connection may already be gone; nothing to tell
-                    pass
+            async for frame in self.body_iterator:
+                self._sending = True
+                await send({"type": "http.response.body", "body": frame if isinstance(frame, bytes) else frame.encode(), "more_body": True})
+                self._sending = False
+                self._quiet_since = loop.time()
+        except asyncio.CancelledError:
+            if self._stopped is None:
+                raise  # not ours (the server is being forced down): let it through
+            task.uncancel()
         finally:
-            for iterator in (self.body_iterator, self._content):
-                closer: Any = getattr(iterator, "aclose", None)
-                if closer is not None:
-                    await closer()
+            closing = True
+            unsubscribe()
+            for handle in grace:
+                handle.cancel()
+            for helper in helpers:
+                helper.cancel()
+            closer: Any = getattr(self.body_iterator, "aclose", None)
+            if closer is not None:
+                await closer()
+        if self._stopped == "disconnect":
+            return
+        if self._stopped == "shutdown" and self._farewell:
+            await send({"type": "http.response.body", "body": self._farewell, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _watch_disconnect(self, receive: Receive, stop: Callable[[str], None]) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                stop("disconnect")
+                return
+
+    async def _keepalive(self, send: Send) -> None:
+        # Comments keep proxies from closing a stream that is quiet (a slow tool, a
+        # long prefill). Sent only between whole frames.
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = self._quiet_since + self._keepalive_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            if not self._sending:
+                self._quiet_since = loop.time()
+                await send({"type": "http.response.body", "body": _KEEPALIVE, "more_body": True})
+            else:
+                await asyncio.sleep(self._keepalive_s / 10)

@@ -7,7 +7,6 @@ from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request, Response
-from sse_starlette import ServerSentEvent
 
 from serving._tasks import RunDeadlineError
 from serving.deps import DeadlineDep, PrincipalDep, RequestIdDep, require_key
@@ -29,7 +28,7 @@ from serving.sse import EventStream
 
 __all__ = ["open_router", "router"]
 
-def _deadline_in_state(request: Request, deadline_s: DeadlineDep) -> None:
+async def _deadline_in_state(request: Request, deadline_s: DeadlineDep) -> None:
     request.state.deadline_s = deadline_s
 
 
@@ -55,7 +54,7 @@ _STREAM = {
 router = APIRouter(tags=["langgraph"], dependencies=[require_key, Depends(_deadline_in_state)], responses=_ERRORS)
 
 
-def _service(request: Request) -> LangGraphService:
+async def _service(request: Request) -> LangGraphService:
     service: LangGraphService = request.app.state.langgraph_service
     return service
 
@@ -136,9 +135,9 @@ def _location(thread_id: str | None, run_id: str) -> str:
 
 
 _SHUTDOWN_FAREWELL = (
-    "event: error\r\ndata: "
+    "event: error\ndata: "
     + dumps({"error": "ServerShutdown", "message": "the server is shutting down; the run was cancelled"})
-    + "\r\n\r\n"
+    + "\n\n"
 )
 
 
@@ -146,16 +145,21 @@ def _deadline_error(exc: RunDeadlineError) -> dict[str, str]:
     return {"error": "DeadlineExceeded", "message": str(exc)}
 
 
-async def _sse(first: tuple[str, Any], events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[ServerSentEvent]:
+def frame(name: str, data: Any, index: int) -> str:
+    """One SSE event. ``data`` is compact JSON, so it never spans lines."""
+    return f"event: {name}\ndata: {dumps(data)}\nid: {index}\n\n"
+
+
+async def _sse(first: tuple[str, Any], events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[str]:
     index = 0
     async with aclosing(events) as stream:
-        yield ServerSentEvent(data=dumps(first[1]), event=first[0], id="0")
+        yield frame(first[0], first[1], 0)
         try:
             async for name, data in stream:
                 index += 1
-                yield ServerSentEvent(data=dumps(data), event=name, id=str(index))
+                yield frame(name, data, index)
         except RunDeadlineError as exc:
-            yield ServerSentEvent(data=dumps(_deadline_error(exc)), event="error", id=str(index + 1))
+            yield frame("error", _deadline_error(exc), index + 1)
 
 
 async def _stream(
@@ -170,7 +174,8 @@ async def _stream(
     return EventStream(
         _sse(first, events),
         headers={"Content-Location": _location(thread, run_id)},
-        ping=server.keepalive_s,
+        keepalive_s=server.keepalive_s,
+        drain=request.app.state.drain,
         grace_s=server.shutdown_grace_s,
         farewell=_SHUTDOWN_FAREWELL,
     )

@@ -17,13 +17,14 @@ from typing import Any
 
 import orjson
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 from pydantic import BaseModel
 
 from gateway import BackendResponseError, BackendUnavailableError
 from graphs import GraphRegistry, RegisteredGraph, RunContext
-from serving._tasks import detached
+from serving._tasks import with_deadline
 from serving.audit import AuditLog
 from serving.auth import Principal
 from serving.errors import ServingError
@@ -86,6 +87,10 @@ class LangGraphService:
         self._checkpointer = checkpointer
         self._slots = slots
         self._active: set[str] = set()
+        # Stateless runs whose thread is deleted at the end keep their checkpoints in
+        # memory: nothing about them needs to survive the run.
+        self._scratch = InMemorySaver()
+        self._scratch_graphs = {e.graph_id: e.graph.copy(update={"checkpointer": self._scratch}) for e in graphs}
 
     # ---- assistants ------------------------------------------------------------------
 
@@ -293,7 +298,7 @@ class LangGraphService:
         run_id = str(uuid.uuid4())
         keep = not stateless or body.on_completion == "keep"
         run = self._run(entry, thread_id, run_id, body, request_id, keep=keep, release=release, principal=principal)
-        events = detached(run, deadline_s=deadline_s)
+        events = with_deadline(run, deadline_s)
         return run_id, (None if stateless else thread_id), events
 
     async def _run(
@@ -308,7 +313,7 @@ class LangGraphService:
         release: Callable[[], None],
         principal: Principal,
     ) -> AsyncIterator[tuple[str, Any]]:
-        graph = entry.threaded
+        graph = entry.threaded if keep else self._scratch_graphs[entry.graph_id]
         assert graph is not None
         config: dict[str, Any] = dict(body.config or {})
         configurable = {**config.get("configurable", {}), "thread_id": thread_id}
@@ -339,7 +344,7 @@ class LangGraphService:
             await self._threads.set_metadata(thread_id, {"graph_id": entry.graph_id, "assistant_id": assistant_id})
         status: ThreadStatus = "error"
         outcome = "error"
-        set_run_id(run_id)  # this generator runs in its own task: its log lines carry it
+        set_run_id(run_id)  # the request's log lines from here on carry it
         self._metrics.runs_in_flight.inc()
         try:
             yield "metadata", {"run_id": run_id, "attempt": 1}
@@ -388,4 +393,4 @@ class LangGraphService:
             if keep:
                 await self._threads.update(thread_id, status=status)
             else:
-                await self._checkpointer.adelete_thread(thread_id)
+                await self._scratch.adelete_thread(thread_id)

@@ -42,7 +42,7 @@ _SHUTDOWN_FAREWELL = (
         {"error": {"message": "the server is shutting down; the answer was cut short", "type": "server_error",
                    "code": "server_shutdown"}}
     ).model_dump_json()
-    + "\r\n\r\ndata: [DONE]\r\n\r\n"
+    + "\n\ndata: [DONE]\n\n"
 )
 
 
@@ -52,18 +52,17 @@ async def list_models(service: ChatServiceDep, principal: PrincipalDep) -> Model
     return service.models(principal)
 
 
-async def _after_first(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _frames(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
     # Headers are sent once the first payload is out: from then on an error can only
     # be reported in-band, as a final error event followed by [DONE].
     try:
-        yield first
+        yield f"data: {first}\n\n"
         async for payload in rest:
-            yield payload
+            yield f"data: {payload}\n\n"
     except Exception as exc:
         error = to_api_error(exc)
         log.warning("stream failed after it started: %s", error.message)
-        yield error_body(error).model_dump_json()
-        yield "[DONE]"
+        yield f"data: {error_body(error).model_dump_json()}\n\ndata: [DONE]\n\n"
     finally:
         await rest.aclose()
 
@@ -104,8 +103,9 @@ async def chat_completions(
         raise
     server = request.app.state.platform.settings.server
     return EventStream(
-        _after_first(first, stream),
-        ping=server.keepalive_s,
+        _frames(first, stream),
+        keepalive_s=server.keepalive_s,
+        drain=request.app.state.drain,
         grace_s=server.shutdown_grace_s,
         farewell=_SHUTDOWN_FAREWELL,
     )

@@ -21,7 +21,7 @@ from langchain_core.messages import BaseMessage, convert_to_messages
 
 from gateway import BackendResponseError, BackendUnavailableError, ModelGateway
 from graphs import Finish, GraphEvent, GraphRegistry, RunContext, TextDelta, ToolCallDelta, message_events
-from serving._tasks import RunDeadlineError, detached
+from serving._tasks import RunDeadlineError, with_deadline
 from serving.audit import AuditLog
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
@@ -144,7 +144,7 @@ class ChatCompletionService:
     def _run_events(
         self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None
     ) -> AsyncIterator[GraphEvent]:
-        """Start the graph run for a request; its events, from a task of their own."""
+        """Start the graph run for a request; its events, in the caller's task."""
         graph = self._graphs.get(request.model).graph
         stream = graph.astream(
             {"messages": _to_langchain(request.messages)},
@@ -152,7 +152,7 @@ class ChatCompletionService:
             stream_mode=["messages"],
             version="v2",
         )
-        return detached(message_events(stream), deadline_s=deadline_s)
+        return with_deadline(message_events(stream), deadline_s)
 
     # ---- streaming -------------------------------------------------------------------
 
@@ -252,7 +252,7 @@ class ChatCompletionService:
         # chunk carrying finish_reason is held back until it arrives, so the last
         # chunk has both; the OpenAI-style usage chunk follows if the client asked.
         held: dict[str, Any] | None = None
-        relay = detached(self._gateway.stream_chat(request.model, body), deadline_s=deadline_s)
+        relay = with_deadline(self._gateway.stream_chat(request.model, body), deadline_s)
         async with aclosing(relay) as chunks:
             async for chunk in chunks:
                 choices = chunk.get("choices")
