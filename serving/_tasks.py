@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-__all__ = ["RunDeadlineError", "detached", "with_deadline"]
+__all__ = ["RunCancelledError", "RunDeadlineError", "RunGuard", "detached", "guarded", "with_deadline"]
 
 T = TypeVar("T")
 
@@ -40,49 +40,73 @@ class RunDeadlineError(Exception):
         super().__init__(f"the run exceeded its deadline of {deadline_s:g}s and was cancelled")
 
 
-async def with_deadline(source: AsyncIterator[T], deadline_s: float | None) -> AsyncIterator[T]:
-    """Iterate ``source`` in the current task; past ``deadline_s``, stop it and raise
-    `RunDeadlineError` (after the items produced before it). ``source`` is closed
-    when this iterator is."""
-    if deadline_s is None:
-        async with aclosing(source) as items:  # type: ignore[type-var]
-            async for item in items:
-                yield item
-        return
+class RunCancelledError(Exception):
+    """A run was cancelled on request (``POST .../cancel``)."""
+
+
+class RunGuard:
+    """Stops one run from outside (its deadline, a cancel request), whatever task
+    the run is consumed from; see `guarded`."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._inside = False
+        self._fired = False
+
+    def stop(self, error: BaseException) -> None:
+        """Stop the run; its consumer gets ``error``. Only the first stop counts."""
+        if self.error is not None:
+            return
+        self.error = error
+        if self._inside and self._task is not None and not self._task.done():
+            self._fired = True
+            self._task.cancel()
+
+
+async def guarded(source: AsyncIterator[T], guard: RunGuard, deadline_s: float | None = None) -> AsyncIterator[T]:
+    """Iterate ``source`` in the current task until ``guard`` stops it (or
+    ``deadline_s`` passes: `RunDeadlineError`); then raise the guard's error after
+    the items produced before it. ``source`` is closed when this iterator is."""
     task = asyncio.current_task()
     assert task is not None
-    inside = expired = fired = False
-
-    def expire() -> None:
-        nonlocal expired, fired
-        expired = True
-        if inside and not task.done():
-            fired = True
-            task.cancel()
-
-    handle = asyncio.get_running_loop().call_later(deadline_s, expire)
+    guard._task = task
+    handle = (
+        asyncio.get_running_loop().call_later(deadline_s, guard.stop, RunDeadlineError(deadline_s))
+        if deadline_s is not None
+        else None
+    )
     try:
         async with aclosing(source) as items:  # type: ignore[type-var]
             iterator = aiter(items)
+            started = False  # the source always starts: its clean-up runs only once it has
             while True:
-                if expired:
-                    raise RunDeadlineError(deadline_s)
-                inside = True
+                if started and guard.error is not None:
+                    raise guard.error
+                started = True
+                guard._inside = True
                 try:
                     item = await anext(iterator)
                 except StopAsyncIteration:
                     return
                 except asyncio.CancelledError:
-                    if fired:
-                        fired = False
+                    if guard._fired:
+                        guard._fired = False
                         task.uncancel()
-                        raise RunDeadlineError(deadline_s) from None
+                        assert guard.error is not None
+                        raise guard.error from None
                     raise
                 finally:
-                    inside = False
+                    guard._inside = False
                 yield item
     finally:
-        handle.cancel()
+        if handle is not None:
+            handle.cancel()
+
+
+def with_deadline(source: AsyncIterator[T], deadline_s: float | None) -> AsyncIterator[T]:
+    """`guarded` with only a deadline."""
+    return guarded(source, RunGuard(), deadline_s)
 
 
 async def detached(source: AsyncIterator[T], *, deadline_s: float | None = None, buffer: int = 64) -> AsyncIterator[T]:

@@ -95,6 +95,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         try:
             yield
         finally:
+            await app.state.langgraph_service.aclose()  # background runs end before their stores close
             audit.close()
             await stores.aclose()
             await built.aclose()

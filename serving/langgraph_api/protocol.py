@@ -89,6 +89,14 @@ class RunCreate(_Request):
     if_not_exists: Literal["reject", "create"] = "reject"
     on_completion: Literal["delete", "keep"] | None = None
     multitask_strategy: Literal["reject", "interrupt", "rollback", "enqueue"] = "reject"
+    """When the thread already has a run: ``reject`` (409), ``interrupt`` (cancel it,
+    keeping what it saved, then start), ``enqueue`` (start when it ends). ``rollback``
+    is refused (400)."""
+    stream_resumable: bool = False
+    """Keep the run's events so a client can rejoin its stream with ``Last-Event-ID``
+    (``GET /threads/{id}/runs/{run_id}/stream``); the run goes on if the client leaves."""
+    on_disconnect: Literal["cancel", "continue"] = "cancel"
+    """What a client disconnect does to a streamed run."""
 
     def modes(self) -> list[str]:
         """The requested stream modes, de-duplicated, ``values`` when none."""
@@ -149,6 +157,19 @@ class ThreadState(_Response):
     metadata: dict[str, Any] | None
     created_at: str | None
     interrupts: list[dict[str, Any]]
+
+
+class Run(_Response):
+    """A run (``langgraph_sdk.schema.Run``)."""
+
+    run_id: str
+    thread_id: str | None
+    assistant_id: str
+    created_at: str
+    updated_at: str
+    status: Literal["pending", "running", "error", "success", "timeout", "interrupted"]
+    metadata: dict[str, Any]
+    multitask_strategy: str
 
 
 class Ok(_Response):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Request, Response
 
-from serving._tasks import RunDeadlineError
+from serving._tasks import RunCancelledError, RunDeadlineError
+from serving.errors import ServingError
 from serving.deps import DeadlineDep, PrincipalDep, RequestIdDep, require_key
 from serving.langgraph_api.protocol import (
     Assistant,
@@ -17,13 +18,14 @@ from serving.langgraph_api.protocol import (
     HistoryRequest,
     Info,
     Ok,
+    Run,
     RunCreate,
     Thread,
     ThreadCreate,
     ThreadSearch,
     ThreadState,
 )
-from serving.langgraph_api.service import LangGraphService, dumps
+from serving.langgraph_api.service import LangGraphService, dumps, sse_frames, stop_error
 from serving.sse import EventStream
 
 __all__ = ["open_router", "router"]
@@ -141,39 +143,29 @@ _SHUTDOWN_FAREWELL = (
 )
 
 
-def _deadline_error(exc: RunDeadlineError) -> dict[str, str]:
-    return {"error": "DeadlineExceeded", "message": str(exc)}
-
-
-def frame(name: str, data: Any, index: int) -> str:
-    """One SSE event. ``data`` is compact JSON, so it never spans lines."""
-    return f"event: {name}\ndata: {dumps(data)}\nid: {index}\n\n"
-
-
-async def _sse(first: tuple[str, Any], events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[str]:
-    index = 0
-    async with aclosing(events) as stream:
-        yield frame(first[0], first[1], 0)
-        try:
-            async for name, data in stream:
-                index += 1
-                yield frame(name, data, index)
-        except RunDeadlineError as exc:
-            yield frame("error", _deadline_error(exc), index + 1)
-
-
 async def _stream(
     service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
 ) -> EventStream:
     principal, deadline_s = request.state.principal, request.state.deadline_s
-    run_id, thread, events = await service.start_run(thread_id, body, request_id, principal, deadline_s)
-    # Start the run now (its first event is `metadata`): a started run always finishes
-    # its clean-up (thread status, run slot), even if the response never gets sent.
-    first = await anext(events)
+    run, events = await service.start_run(thread_id, body, request_id, principal, deadline_s)
+    headers = {"Content-Location": _location(run.thread_id, run.run_id)}
+    frames: AsyncIterator[str]
+    if body.stream_resumable or body.on_disconnect == "continue":
+        # The run belongs to the server now: a client that leaves can come back.
+        service.start_background(run, events)
+        frames = run.follow()
+        if run.thread_id is not None:
+            headers["Location"] = f"/threads/{run.thread_id}/runs/{run.run_id}/stream"
+    else:
+        # Start the run now (its first event is `metadata`): a started run always
+        # finishes its clean-up (thread status, run slot), even if the response
+        # never gets sent.
+        rest = sse_frames(events)
+        frames = _prepend(await anext(rest), rest)
     server = request.app.state.platform.settings.server
     return EventStream(
-        _sse(first, events),
-        headers={"Content-Location": _location(thread, run_id)},
+        frames,
+        headers=headers,
         keepalive_s=server.keepalive_s,
         drain=request.app.state.drain,
         grace_s=server.shutdown_grace_s,
@@ -181,12 +173,19 @@ async def _stream(
     )
 
 
+async def _prepend(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
+    async with aclosing(rest) as frames:
+        yield first
+        async for frame in frames:
+            yield frame
+
+
 async def _wait(
     service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
 ) -> Response:
     values_only = body.model_copy(update={"stream_mode": "values"})
     principal, deadline_s = request.state.principal, request.state.deadline_s
-    run_id, thread, events = await service.start_run(thread_id, values_only, request_id, principal, deadline_s)
+    run, events = await service.start_run(thread_id, values_only, request_id, principal, deadline_s)
     result: Any = None
     async with aclosing(events) as stream:
         try:
@@ -195,9 +194,9 @@ async def _wait(
                     result = data
                 elif name == "error":
                     result = {"__error__": data}
-        except RunDeadlineError as exc:
-            result = {"__error__": _deadline_error(exc)}
-    return _json(result, headers={"Content-Location": _location(thread, run_id)})
+        except (RunDeadlineError, RunCancelledError) as exc:
+            result = {"__error__": stop_error(exc)}
+    return _json(result, headers={"Content-Location": _location(run.thread_id, run.run_id)})
 
 
 RunBody = Annotated[RunCreate, Body()]
@@ -227,3 +226,88 @@ async def wait_thread_run(
 async def wait_stateless_run(body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> Response:
     """Run a graph on a temporary thread; answer with its final state values."""
     return await _wait(service, None, body, request_id, request)
+
+
+@router.post("/threads/{thread_id}/runs", response_model=Run)
+async def create_background_run(
+    thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request
+) -> Response:
+    """Start a run on a thread in the background; follow it with ``.../stream`` or ``.../join``."""
+    principal, deadline_s = request.state.principal, request.state.deadline_s
+    run, events = await service.start_run(thread_id, body, request_id, principal, deadline_s)
+    service.start_background(run, events)
+    return _json(run.json(), headers={"Content-Location": _location(run.thread_id, run.run_id)})
+
+
+@router.get("/threads/{thread_id}/runs", response_model=list[Run])
+async def list_runs(thread_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+    """The thread's runs this server process knows of, newest first."""
+    await service.get_thread(thread_id, principal)  # 404 for an unknown thread
+    return _json(service.thread_runs(thread_id, principal))
+
+
+@router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run)
+async def get_run(thread_id: str, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+    return _json(service.run_record(thread_id, run_id, principal).json())
+
+
+@router.get("/threads/{thread_id}/runs/{run_id}/stream", response_class=EventStream, status_code=200, responses=_STREAM)
+async def join_run_stream(
+    thread_id: str,
+    run_id: str,
+    service: ServiceDep,
+    principal: PrincipalDep,
+    request: Request,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventStream:
+    """Join a background or resumable run's stream: the events after
+    ``Last-Event-ID`` (all of them without it), then live ones until the run ends."""
+    run = service.run_record(thread_id, run_id, principal)
+    if run.frames is None:
+        raise ServingError(409, f"run {run_id!r} was not started resumable; its stream cannot be joined")
+    try:
+        after = int(last_event_id) if last_event_id else -1
+    except ValueError:
+        raise ServingError(400, "Last-Event-ID must be an event id (an integer)") from None
+    server = request.app.state.platform.settings.server
+    return EventStream(
+        run.follow(after),
+        keepalive_s=server.keepalive_s,
+        drain=request.app.state.drain,
+        grace_s=server.shutdown_grace_s,
+        farewell=_SHUTDOWN_FAREWELL,
+    )
+
+
+@router.get("/threads/{thread_id}/runs/{run_id}/join", response_model=dict[str, Any])
+async def join_run(thread_id: str, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+    """Wait for the run to end; answer with the thread's values."""
+    run = service.run_record(thread_id, run_id, principal)
+    await run.wait()
+    state = await service.thread_state(thread_id, principal)
+    return _json(state["values"])
+
+
+@router.post(
+    "/threads/{thread_id}/runs/{run_id}/cancel",
+    status_code=202,
+    response_model=None,
+    responses={202: {"description": "Cancellation requested"}, 204: {"description": "Cancelled (with wait=true)"}},
+)
+async def cancel_run(
+    thread_id: str,
+    run_id: str,
+    service: ServiceDep,
+    principal: PrincipalDep,
+    wait: bool = False,
+    action: Literal["interrupt", "rollback"] = "interrupt",
+) -> Response:
+    """Cancel a run in progress (``action=interrupt``: what it saved stays)."""
+    if action != "interrupt":
+        raise ServingError(400, "cancel action 'rollback' is not supported; use interrupt")
+    run = service.run_record(thread_id, run_id, principal)
+    if not run.done:
+        run.guard.stop(RunCancelledError("cancelled on request"))
+        if wait:
+            await run.wait()
+    return Response(status_code=204 if wait else 202)

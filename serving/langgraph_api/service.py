@@ -7,6 +7,7 @@ run streams the graph's v2 parts as LangGraph Server SSE events.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import uuid
@@ -24,7 +25,8 @@ from pydantic import BaseModel
 
 from gateway import BackendResponseError, BackendUnavailableError
 from graphs import GraphRegistry, RegisteredGraph, RunContext
-from serving._tasks import with_deadline
+from serving._tasks import RunCancelledError, RunDeadlineError, guarded
+from serving.langgraph_api.runs import RunRecord, RunRegistry, RunStatus
 from serving.audit import AuditLog
 from serving.auth import Principal
 from serving.errors import ServingError
@@ -34,7 +36,7 @@ from serving.observability import ServingMetrics, set_run_id
 from serving.langgraph_api.protocol import AssistantSearch, RunCreate, ThreadCreate, ThreadSearch, assistant_uuid
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
-__all__ = ["LangGraphService", "dumps"]
+__all__ = ["LangGraphService", "dumps", "frame", "sse_frames", "stop_error"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,30 @@ def dumps(value: Any) -> str:
     return orjson.dumps(value, default=_default, option=orjson.OPT_PASSTHROUGH_DATACLASS).decode()
 
 
+def frame(name: str, data: Any, index: int) -> str:
+    """One SSE event. ``data`` is compact JSON, so it never spans lines."""
+    return f"event: {name}\ndata: {dumps(data)}\nid: {index}\n\n"
+
+
+def stop_error(exc: RunDeadlineError | RunCancelledError) -> dict[str, str]:
+    """The ``error`` event data of a run stopped by its deadline or a cancel."""
+    kind = "DeadlineExceeded" if isinstance(exc, RunDeadlineError) else "RunCancelled"
+    return {"error": kind, "message": str(exc)}
+
+
+async def sse_frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[str]:
+    """A run's events as SSE frames with ids 0, 1, ...; a stopped run ends with an
+    ``error`` event."""
+    index = -1
+    async with aclosing(events) as stream:
+        try:
+            async for name, data in stream:
+                index += 1
+                yield frame(name, data, index)
+        except (RunDeadlineError, RunCancelledError) as exc:
+            yield frame("error", stop_error(exc), index + 1)
+
+
 def _interrupts(interrupts: Any) -> list[dict[str, Any]]:
     return [{"value": i.value, "id": i.id} for i in interrupts or ()]
 
@@ -86,7 +112,7 @@ class LangGraphService:
         self._threads = threads
         self._checkpointer = checkpointer
         self._slots = slots
-        self._active: set[str] = set()
+        self._runs = RunRegistry()
         # Stateless runs whose thread is deleted at the end keep their checkpoints in
         # memory: nothing about them needs to survive the run.
         self._scratch = InMemorySaver()
@@ -263,20 +289,23 @@ class LangGraphService:
 
     async def start_run(
         self, thread_id: str | None, body: RunCreate, request_id: str, principal: Principal, deadline_s: float | None = None
-    ) -> tuple[str, str | None, AsyncIterator[tuple[str, Any]]]:
-        """Check the run can start, then return its id, its thread (None when
-        stateless) and its events ``(event name, data)``, starting with ``metadata``.
-        Past ``deadline_s`` the run is cancelled and the events end with
-        `RunDeadlineError`.
+    ) -> tuple[RunRecord, AsyncIterator[tuple[str, Any]]]:
+        """Check the run can start, then return its record and its events ``(event
+        name, data)``, starting with ``metadata``. The events are consumed in the
+        caller's task; past ``deadline_s``, or when the run is cancelled, they end
+        with `RunDeadlineError` / `RunCancelledError`.
 
         Raises:
             ServingError: unknown assistant (404), missing thread (404), a thread with
-                a run in progress (409), an unsupported stream mode (400).
+                a run in progress under ``multitask_strategy: reject`` (409), an
+                unsupported strategy (400).
         """
         entry = self.resolve(body.assistant_id, principal)
         self._input_filter.check(message_texts((body.input or {}).get("messages") or []), principal, param="input")
         if entry.threaded is None:
             raise ServingError(503, "threads are not available: no checkpointer configured")
+        if body.multitask_strategy == "rollback":
+            raise ServingError(400, "multitask_strategy 'rollback' is not supported; use reject, interrupt or enqueue")
         stateless = thread_id is None
         if stateless:
             thread_id = str(uuid.uuid4())
@@ -291,21 +320,59 @@ class LangGraphService:
                 created, _ = await self._threads.create(tenant=principal.tenant, thread_id=thread_id, graph_id=entry.graph_id)
                 if created is None:  # the id is another tenant's thread
                     raise ServingError(404, f"thread {thread_id!r} not found")
-        if thread_id in self._active:
-            raise ServingError(409, f"thread {thread_id!r} already has a run in progress")
+            await self._make_way(thread_id, body.multitask_strategy, deadline_s)
         release = self._slots.acquire(principal)
-        self._active.add(thread_id)
-        run_id = str(uuid.uuid4())
         keep = not stateless or body.on_completion == "keep"
-        run = self._run(entry, thread_id, run_id, body, request_id, keep=keep, release=release, principal=principal)
-        events = with_deadline(run, deadline_s)
-        return run_id, (None if stateless else thread_id), events
+        run = RunRecord(
+            run_id=str(uuid.uuid4()),
+            thread_id=None if stateless else thread_id,
+            assistant_id=assistant_uuid(entry.graph_id),
+            tenant=principal.tenant,
+            multitask_strategy=body.multitask_strategy,
+            metadata=dict(body.metadata or {}),
+        )
+        self._runs.add(run)
+        events = self._run(entry, thread_id, run, body, request_id, keep=keep, release=release, principal=principal)
+        return run, guarded(events, run.guard, deadline_s)
+
+    async def _make_way(self, thread_id: str, strategy: str, deadline_s: float | None) -> None:
+        """Apply the multitask strategy to the thread's run in progress, if any."""
+        while (active := self._runs.active(thread_id)) is not None:
+            if strategy == "reject":
+                raise ServingError(
+                    409,
+                    f"thread {thread_id!r} already has a run in progress ({active.run_id}); "
+                    "multitask_strategy interrupt or enqueue would wait for it",
+                )
+            if strategy == "interrupt":
+                active.guard.stop(RunCancelledError("interrupted by a newer run on this thread"))
+            try:
+                await asyncio.wait_for(active.wait(), deadline_s)
+            except TimeoutError:
+                raise ServingError(409, f"thread {thread_id!r} is still busy with run {active.run_id}") from None
+
+    def run_record(self, thread_id: str, run_id: str, principal: Principal) -> RunRecord:
+        """Raises ServingError 404 for an unknown run (or another tenant's)."""
+        record = self._runs.get(run_id, principal.tenant, thread_id)
+        if record is None:
+            raise ServingError(404, f"run {run_id!r} not found on thread {thread_id!r}")
+        return record
+
+    def thread_runs(self, thread_id: str, principal: Principal) -> list[dict[str, Any]]:
+        return [r.json() for r in self._runs.of_thread(thread_id, principal.tenant)]
+
+    def start_background(self, run: RunRecord, events: AsyncIterator[tuple[str, Any]]) -> None:
+        """Run on in a task of the server's, keeping the frames for `follow`."""
+        self._runs.start_background(run, sse_frames(events), on_end=lambda: None)
+
+    async def aclose(self) -> None:
+        await self._runs.aclose()
 
     async def _run(
         self,
         entry: RegisteredGraph,
         thread_id: str,
-        run_id: str,
+        run: RunRecord,
         body: RunCreate,
         request_id: str,
         *,
@@ -323,6 +390,7 @@ class LangGraphService:
             configurable["checkpoint_id"] = body.checkpoint_id
         config["configurable"] = configurable
         assistant_id = assistant_uuid(entry.graph_id)
+        run_id = run.run_id
         config["metadata"] = {
             **config.get("metadata", {}),
             **(body.metadata or {}),
@@ -346,6 +414,8 @@ class LangGraphService:
         outcome = "error"
         set_run_id(run_id)  # the request's log lines from here on carry it
         self._metrics.runs_in_flight.inc()
+        run.set_status("running")
+        run_status: RunStatus = "error"
         try:
             yield "metadata", {"run_id": run_id, "attempt": 1}
             stream = graph.astream(
@@ -371,6 +441,7 @@ class LangGraphService:
             snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
             status = "interrupted" if snapshot.next else "idle"
             outcome = "ok"
+            run_status = "success"
         except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
             log.warning("run %s on thread %s failed: %r", run_id, thread_id, exc)
             if isinstance(exc, (BackendUnavailableError, BackendResponseError)):
@@ -379,6 +450,7 @@ class LangGraphService:
         except BaseException:
             status = "idle"  # cancelled (client gone, deadline): the thread stays usable
             outcome = "cancelled"
+            run_status = "timeout" if isinstance(run.guard.error, RunDeadlineError) else "interrupted"
             raise
         finally:
             self._metrics.runs_in_flight.dec()
@@ -389,8 +461,11 @@ class LangGraphService:
                 tenant=principal.tenant, key_id=principal.key_id,
             )
             release()
-            self._active.discard(thread_id)
-            if keep:
-                await self._threads.update(thread_id, status=status)
-            else:
-                await self._scratch.adelete_thread(thread_id)
+            try:
+                if keep:
+                    await self._threads.update(thread_id, status=status)
+                else:
+                    await self._scratch.adelete_thread(thread_id)
+            finally:
+                self._runs.ended(run)
+                run.finish(run_status)
