@@ -8,7 +8,7 @@ with only that tool offered, which has the same effect.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -36,31 +36,6 @@ def httpx_timeout(backend: Backend) -> httpx.Timeout:
         write=backend.timeouts.read_s,
         pool=backend.timeouts.connect_s,
     )
-
-
-def text_generation_chunk(chunk: Mapping[str, Any]) -> ChatGenerationChunk | None:
-    """The generation for a chunk that only carries answer text, or None for any other
-    chunk (tool calls, reasoning, finish reason, usage, logprobs...).
-
-    Equal to what ``langchain-openai`` builds for such a chunk, without running the
-    pydantic validators of two models per token (the text is already a ``str`` from
-    ``json.loads``): most chunks of an answer are of this kind.
-    """
-    choices = chunk.get("choices")
-    if not choices or len(choices) != 1 or chunk.get("usage"):
-        return None
-    choice = choices[0]
-    delta = choice.get("delta")
-    if not delta or choice.get("finish_reason") or choice.get("logprobs") or delta.keys() - _TEXT_DELTA_KEYS:
-        return None
-    content = delta.get("content") or ""
-    if not isinstance(content, str) or delta.get("role", "assistant") != "assistant":
-        return None
-    message = AIMessageChunk.model_construct(content=content, response_metadata={"model_provider": "openai"})
-    return ChatGenerationChunk.model_construct(message=message, text=content)
-
-
-_TEXT_DELTA_KEYS = frozenset({"content", "role"})
 
 
 class GatewayChatModel(ChatOpenAI):
@@ -115,9 +90,7 @@ class GatewayChatModel(ChatOpenAI):
         chunk_class: type[BaseMessageChunk] = AIMessageChunk
         async with aclosing(iter_chunks(response, self.backend_id)) as chunks:
             async for chunk in chunks:
-                generation = text_generation_chunk(chunk) if self.output_version != "v1" else None
-                if generation is None:
-                    generation = self._convert_chunk_to_generation_chunk(chunk, chunk_class, {})
+                generation = self._convert_chunk_to_generation_chunk(chunk, chunk_class, {})
                 if generation is None:
                     continue
                 chunk_class = generation.message.__class__
