@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -106,6 +107,8 @@ class RunRegistry:
     def __init__(self, *, retention_s: float = 3600.0, max_finished: int = 1000) -> None:
         self._runs: dict[str, RunRecord] = {}
         self._active: dict[str, RunRecord] = {}
+        self._finished: deque[RunRecord] = deque()
+        """Finished runs kept for reads, oldest first (runs end in this order)."""
         self._retention_s = retention_s
         self._max_finished = max_finished
         self._tasks: set[asyncio.Task[None]] = set()
@@ -117,8 +120,14 @@ class RunRegistry:
             self._active[record.thread_id] = record
 
     def ended(self, record: RunRecord) -> None:
-        if record.thread_id is not None and self._active.get(record.thread_id) is record:
+        """The run has ended: a thread's run is kept for reads (``retention_s``, at most
+        ``max_finished`` of them); a stateless one cannot be addressed any more."""
+        if record.thread_id is None:
+            self._runs.pop(record.run_id, None)
+            return
+        if self._active.get(record.thread_id) is record:
             del self._active[record.thread_id]
+        self._finished.append(record)
 
     def active(self, thread_id: str) -> RunRecord | None:
         return self._active.get(thread_id)
@@ -149,12 +158,10 @@ class RunRegistry:
         task.add_done_callback(self._tasks.discard)
 
     def _prune(self) -> None:
-        now = time.monotonic()
-        finished = [r for r in self._runs.values() if r.ended_at is not None]
-        expired = [r for r in finished if now - r.ended_at > self._retention_s]  # type: ignore[operator]
-        overflow = sorted(finished, key=lambda r: r.ended_at or 0)[: max(0, len(finished) - self._max_finished)]
-        for record in (*expired, *overflow):
-            self._runs.pop(record.run_id, None)
+        horizon = time.monotonic() - self._retention_s
+        finished = self._finished
+        while finished and (len(finished) > self._max_finished or (finished[0].ended_at or 0) < horizon):
+            self._runs.pop(finished.popleft().run_id, None)
 
     async def aclose(self) -> None:
         """Cancel background runs (server shutdown) and wait for their clean-up."""

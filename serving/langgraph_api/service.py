@@ -438,8 +438,10 @@ class LangGraphService:
                     elif kind == "messages":
                         data = list(data)
                     yield name, data
-            snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
-            status = "interrupted" if snapshot.next else "idle"
+            status = "idle"
+            if keep:  # a stateless run's thread is deleted below: no status to keep
+                snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+                status = "interrupted" if snapshot.next else "idle"
             outcome = "ok"
             run_status = "success"
         except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
