@@ -110,8 +110,13 @@ class LlamaCppChatModel(GatewayChatModel):
     """``ChatOpenAI`` for llama.cpp's ``llama-server``.
 
     Rewrites a named-function ``tool_choice`` (unsupported by llama.cpp) into
-    ``"required"`` over just that tool.
+    ``"required"`` over just that tool, and always streams from the server, even
+    for a caller that wants the whole answer: llama-server stops generating when a
+    streamed request's client goes away, but not a non-streamed one, so a cancelled
+    run would otherwise leave the backend generating to its token limit.
     """
+
+    streaming: bool = True
 
     def _get_request_payload(
         self,
@@ -160,6 +165,8 @@ def build_chat_model(
         "max_tokens": backend.default_max_tokens,
         **overrides,
     }
+    if cls is LlamaCppChatModel:
+        params.setdefault("streaming", True)
     if http_async_client is not None:
         params["http_async_client"] = http_async_client
     return cls(**params)

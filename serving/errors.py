@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import BackendResponseError, BackendUnavailableError, CapabilityError, GatewayError, UnknownModelError
@@ -22,6 +22,7 @@ from graphs import GraphError, UnknownGraphError
 from serving._tasks import RunDeadlineError
 from serving.observability import REQUEST_ID_HEADER, current_request_id
 from serving.openai.protocol import ErrorBody, ErrorResponse
+from serving.sse import ClientDisconnectedError
 
 __all__ = ["ApiError", "RequestError", "ServingError", "error_body", "install_error_handlers", "to_api_error"]
 
@@ -161,6 +162,12 @@ def install_error_handlers(app: FastAPI) -> None:
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
+    async def on_client_gone(request: Request, exc: Exception) -> Response:
+        # Nobody reads it; 499 (nginx's "client closed request") shows in the logs.
+        log.info("client closed the connection before the answer; its run was cancelled")
+        return Response(status_code=499)
+
+    app.add_exception_handler(ClientDisconnectedError, on_client_gone)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     for domain in (GatewayError, GraphError, RequestError, ServingError, RunDeadlineError):

@@ -19,6 +19,11 @@ Why a stream ends early, and what the client sees:
 - the client went away: nothing more is sent;
 - the server is shutting down (`Drain`): the stream may go on for ``grace_s``, then it
   is cancelled and ends with the protocol's ``farewell`` event.
+
+Before a response starts (a whole answer, ``stream: false``; or the wait for a
+stream's first chunk), `cancel_on_disconnect` does the same for a block of the
+handler: a client that leaves cancels the work once, and the handler gets
+`ClientDisconnectedError`.
 """
 
 from __future__ import annotations
@@ -26,16 +31,55 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["Drain", "EventStream"]
+__all__ = ["ClientDisconnectedError", "Drain", "EventStream", "cancel_on_disconnect"]
 
 log = logging.getLogger(__name__)
 
 _KEEPALIVE = b": keep-alive\n\n"
+
+
+class ClientDisconnectedError(Exception):
+    """The client closed the connection before the response started."""
+
+
+@asynccontextmanager
+async def cancel_on_disconnect(receive: Receive) -> AsyncIterator[None]:
+    """Cancel the current task once if the client disconnects inside the block; the
+    block then raises `ClientDisconnectedError`.
+
+    For handlers whose work runs before the response starts. The request body must
+    already have been read (FastAPI has, for a JSON body): the next message on
+    ``receive`` is then ``http.disconnect``.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        task.cancel()
+
+    # The watcher only runs while the block is suspended, and is cancelled before
+    # the block's task runs anything else: it cannot cancel code after the block.
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        raise ClientDisconnectedError("the client closed the connection") from None
+    finally:
+        watcher.cancel()
 
 
 class Drain:

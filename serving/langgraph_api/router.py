@@ -26,7 +26,7 @@ from serving.langgraph_api.protocol import (
     ThreadState,
 )
 from serving.langgraph_api.service import LangGraphService, dumps, sse_frames, stop_error
-from serving.sse import EventStream
+from serving.sse import EventStream, cancel_on_disconnect
 
 __all__ = ["open_router", "router"]
 
@@ -187,7 +187,7 @@ async def _wait(
     principal, deadline_s = request.state.principal, request.state.deadline_s
     run, events = await service.start_run(thread_id, values_only, request_id, principal, deadline_s)
     result: Any = None
-    async with aclosing(events) as stream:
+    async with aclosing(events) as stream, cancel_on_disconnect(request.receive):
         try:
             async for name, data in stream:
                 if name == "values":

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from serving.deps import ChatServiceDep, DeadlineDep, PrincipalDep, RequestIdDep, require_key
 from serving.errors import error_body, to_api_error
 from serving.openai.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelList
-from serving.sse import EventStream
+from serving.sse import EventStream, cancel_on_disconnect
 
 __all__ = ["router"]
 
@@ -89,7 +89,8 @@ async def chat_completions(
     """Run a graph, or relay to a model alias; ``stream: true`` answers over SSE."""
     log.info("chat completion model=%s stream=%s messages=%d", body.model, body.stream, len(body.messages))
     if not body.stream:
-        answer = await service.complete(body, request_id, principal, deadline_s)
+        async with cancel_on_disconnect(request.receive):
+            answer = await service.complete(body, request_id, principal, deadline_s)
         # An alias's answer is the backend's JSON as it came (logprobs, reasoning,
         # usage details...); only graph answers are built from our own models.
         return JSONResponse(answer) if isinstance(answer, dict) else answer
@@ -97,7 +98,8 @@ async def chat_completions(
     try:
         # Pull the first payload before answering, so a bad request or a backend that
         # is down becomes a JSON error with its real status, not a 200 stream.
-        first = await anext(stream)
+        async with cancel_on_disconnect(request.receive):  # a long prefill, a queue at the backend
+            first = await anext(stream)
     except BaseException:
         await stream.aclose()
         raise

@@ -299,6 +299,9 @@ class ChatCompletionService:
                 tokens = answer.usage.completion_tokens if answer.usage else 0
             outcome = "ok"
             return answer
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # the client went away
+            raise
         except Exception as exc:
             self._count_backend_error(exc)
             raise

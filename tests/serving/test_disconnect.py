@@ -46,3 +46,39 @@ def test_disconnect_cancels_the_run_and_the_backend_request(
     # Far fewer than the 1800 tokens asked for were generated: the request was cut short.
     assert settled - decoded_before < 600
     assert metric(server.url, "switchyard_runs_total", kind=kind, target=model, outcome="cancelled") == cancelled_before + 1
+
+
+def _cut_after(url: str, body: dict[str, object], seconds: float) -> None:
+    """Send ``body`` and hang up after ``seconds`` without an answer."""
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json=body, timeout=httpx.Timeout(60, read=seconds))
+
+
+@pytest.mark.parametrize("protocol", ["openai", "langgraph"])
+def test_a_client_leaving_before_a_whole_answer_cancels_the_run(
+    server: ServerHandle, local_backend: Backend, protocol: str
+) -> None:
+    """``stream: false`` and ``runs/wait``: nothing is sent until the answer is whole,
+    so the server watches the connection itself; the run and the backend request stop."""
+    backend = local_backend.root_url
+    kind = "graph" if protocol == "openai" else "langgraph"
+    cancelled_before = metric(server.url, "switchyard_runs_total", kind=kind, target="chat", outcome="cancelled")
+    decoded_before = metric(backend, "llamacpp:n_decode_total")
+    if protocol == "openai":
+        body: dict[str, object] = {"model": "chat", "messages": LONG, "max_tokens": 1800, "temperature": 0}
+        _cut_after(server.url + "/v1/chat/completions", body, 1.5)
+    else:
+        body = {"assistant_id": "chat", "input": {"messages": LONG},
+                "context": {"model_params": {"max_tokens": 1800, "temperature": 0}}}
+        _cut_after(server.url + "/runs/wait", body, 1.5)
+    assert wait_for(lambda: metric(server.url, "switchyard_runs_in_flight") == 0, 5)
+    assert wait_for(lambda: metric(backend, "llamacpp:requests_processing") == 0, 5)
+    settled = metric(backend, "llamacpp:n_decode_total")
+    time.sleep(0.5)
+    assert metric(backend, "llamacpp:n_decode_total") == settled
+    assert settled - decoded_before < 600
+    assert wait_for(
+        lambda: metric(server.url, "switchyard_runs_total", kind=kind, target="chat", outcome="cancelled")
+        == cancelled_before + 1,
+        5,
+    )
