@@ -32,6 +32,7 @@ from serving.openai.service import ChatCompletionService
 from serving.persistence import open_thread_stores
 from serving.platform import Platform
 from serving.settings import Settings
+from serving.tracing import Tracing, TracingMiddleware, open_tracing
 from serving.sse import Drain
 
 __all__ = ["create_app"]
@@ -73,7 +74,9 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         audit = app.state.audit = AuditLog(settings.audit_path)
         slots = RunSlots(server_max=settings.server.max_concurrent_runs)
         input_filter = InputFilter(settings.guardrails)
-        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, metrics, slots, audit, input_filter)
+        app.state.chat_service = ChatCompletionService(
+            built.gateway, built.graphs, metrics, slots, audit, input_filter, tracing
+        )
         app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings.threads, settings.data_dir)
         app.state.thread_stores = stores
@@ -85,6 +88,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
             metrics,
             audit,
             input_filter,
+            tracing,
         )
         _tune_gc()
         log.info(
@@ -99,10 +103,14 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
             audit.close()
             await stores.aclose()
             await built.aclose()
+            tracing.shutdown()  # exports the spans still buffered
 
     app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
     app.state.drain = Drain()  # begun by the server on SIGTERM (serving/cli.py)
     app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)
+    tracing = open_tracing(settings.tracing)
+    if isinstance(tracing, Tracing):
+        app.add_middleware(TracingMiddleware, tracing=tracing)  # inside the request id's
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so even a 413 has an id
     install_error_handlers(app)
     app.include_router(openai_router)

@@ -25,7 +25,7 @@ from serving.auth import AuthSettings
 from serving.guardrails import GuardrailSettings
 from serving.persistence import ThreadSettings
 
-__all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings"]
+__all__ = ["ConfigError", "ServerSettings", "Settings", "TracingSettings", "load_settings"]
 
 DEFAULT_CONFIG = Path("config/switchyard.yaml")
 
@@ -42,6 +42,22 @@ class ConfigError(Exception):
         self.source = source
         self.problems = problems
         super().__init__(f"invalid configuration ({source}): " + "; ".join(problems))
+
+
+class TracingSettings(BaseModel):
+    """OpenTelemetry tracing (`serving.tracing`): off unless ``otlp_endpoint`` is set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    otlp_endpoint: str | None = None
+    """An OTLP/HTTP (protobuf) collector, e.g. ``http://127.0.0.1:4318``; spans go to
+    ``<endpoint>/v1/traces``. Unset: no tracing and no cost."""
+    service_name: str = "switchyard"
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of new traces recorded; a caller's sampled ``traceparent`` is always followed."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Sent with every export (a collector's auth header)."""
+    export_timeout_s: float = Field(default=10.0, gt=0)
 
 
 class ServerSettings(BaseModel):
@@ -101,6 +117,8 @@ class Settings(BaseSettings):
     threads: ThreadSettings = ThreadSettings()
     """Where threads persist: SQLite in the data directory, or PostgreSQL."""
     guardrails: GuardrailSettings = GuardrailSettings()
+    tracing: TracingSettings = TracingSettings()
+    """OpenTelemetry spans per request, run, node, model and tool call (off by default)."""
     """The input filter's global list of sensitive terms."""
     audit_file: Path | None = None
     """The hash-chained audit log (JSON Lines); default ``<data_dir>/audit/audit.jsonl``."""

@@ -32,6 +32,7 @@ from serving.auth import Principal
 from serving.errors import ServingError
 from serving.guardrails import InputFilter, message_texts
 from serving.limits import RunSlots
+from serving.tracing import NO_TRACING, NoTracing, Tracing
 from serving.observability import ServingMetrics, set_run_id
 from serving.langgraph_api.protocol import AssistantSearch, RunCreate, ThreadCreate, ThreadSearch, assistant_uuid
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
@@ -104,7 +105,9 @@ class LangGraphService:
         metrics: ServingMetrics,
         audit: AuditLog,
         input_filter: InputFilter,
+        tracing: Tracing | NoTracing = NO_TRACING,
     ) -> None:
+        self._tracing = tracing
         self._input_filter = input_filter
         self._audit = audit
         self._metrics = metrics
@@ -413,6 +416,20 @@ class LangGraphService:
         status: ThreadStatus = "error"
         outcome = "error"
         set_run_id(run_id)  # the request's log lines from here on carry it
+        span = self._tracing.start_run(
+            "langgraph",
+            entry.graph_id,
+            **{
+                "switchyard.protocol": "langgraph",
+                "switchyard.request_id": request_id,
+                "switchyard.run_id": run_id,
+                "switchyard.thread_id": thread_id if keep else None,
+                "switchyard.tenant": principal.tenant,
+            },
+        )
+        if span.callbacks:
+            config["callbacks"] = span.callbacks
+        error: BaseException | None = None
         self._metrics.runs_in_flight.inc()
         run.set_status("running")
         run_status: RunStatus = "error"
@@ -445,6 +462,7 @@ class LangGraphService:
             outcome = "ok"
             run_status = "success"
         except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
+            error = exc
             log.warning("run %s on thread %s failed: %r", run_id, thread_id, exc)
             if isinstance(exc, (BackendUnavailableError, BackendResponseError)):
                 self._metrics.backend_errors.labels(exc.backend_id, type(exc).__name__).inc()
@@ -455,6 +473,8 @@ class LangGraphService:
             run_status = "timeout" if isinstance(run.guard.error, RunDeadlineError) else "interrupted"
             raise
         finally:
+            span.set(**{"switchyard.thread_status": status if keep else None})
+            span.end(outcome, error)
             self._metrics.runs_in_flight.dec()
             self._metrics.runs.labels("langgraph", entry.graph_id, outcome).inc()
             self._audit.append(

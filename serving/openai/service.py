@@ -27,6 +27,7 @@ from serving.auth import Principal
 from serving.errors import RequestError, ServingError
 from serving.guardrails import InputFilter, message_texts
 from serving.limits import RunSlots
+from serving.tracing import NO_TRACING, NoTracing, RunSpan, Tracing
 from serving.observability import ServingMetrics, set_run_id
 from serving.openai.protocol import (
     ChatCompletion,
@@ -102,7 +103,9 @@ class ChatCompletionService:
         slots: RunSlots,
         audit: AuditLog,
         input_filter: InputFilter,
+        tracing: Tracing | NoTracing = NO_TRACING,
     ) -> None:
+        self._tracing = tracing
         self._input_filter = input_filter
         self._audit = audit
         self._gateway = gateway
@@ -142,12 +145,13 @@ class ChatCompletionService:
         return "alias"
 
     def _run_events(
-        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None
+        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None, span: RunSpan
     ) -> AsyncIterator[GraphEvent]:
         """Start the graph run for a request; its events, in the caller's task."""
         graph = self._graphs.get(request.model).graph
         stream = graph.astream(
             {"messages": _to_langchain(request.messages)},
+            {"callbacks": span.callbacks} if span.callbacks else None,
             context=RunContext(request_id=request_id, model_params=request.sampling_params()),
             stream_mode=["messages"],
             version="v2",
@@ -167,9 +171,10 @@ class ChatCompletionService:
         """
         kind = self._check(request, principal)
         release = self._slots.acquire(principal)
+        span = self._start_span(kind, request, request_id, principal)
         usage: dict[str, int] = {}
         events = (
-            self._graph_chunks(request, request_id, deadline_s, usage)
+            self._graph_chunks(request, request_id, deadline_s, usage, span)
             if kind == "graph"
             else self._alias_chunks(request, deadline_s, usage)
         )
@@ -177,6 +182,7 @@ class ChatCompletionService:
         first_at = 0.0
         self._metrics.runs_in_flight.inc()
         outcome = "error"
+        error: BaseException | None = None
         try:
             async with aclosing(events) as chunks:
                 async for payload in chunks:
@@ -188,6 +194,7 @@ class ChatCompletionService:
             yield "[DONE]"
         except BaseException as exc:
             outcome = "cancelled" if not isinstance(exc, Exception) else "error"
+            error = exc
             self._count_backend_error(exc)
             raise
         finally:
@@ -195,6 +202,23 @@ class ChatCompletionService:
             self._metrics.runs_in_flight.dec()
             tokens = usage.get("completion_tokens", 0)
             self._record_run(kind, request.model, outcome, tokens, first_at, request_id, principal)
+            span.set(**{
+                "gen_ai.usage.output_tokens": tokens,
+                "switchyard.ttft_ms": round((first_at - started) * 1000, 1) if first_at else None,
+            })
+            span.end(outcome, error)
+
+    def _start_span(self, kind: str, request: ChatCompletionRequest, request_id: str, principal: Principal) -> RunSpan:
+        return self._tracing.start_run(
+            kind,
+            request.model,
+            **{
+                "switchyard.protocol": "openai",
+                "switchyard.request_id": request_id,
+                "switchyard.tenant": principal.tenant,
+                "switchyard.stream": bool(request.stream),
+            },
+        )
 
     def _count_backend_error(self, exc: BaseException) -> None:
         if isinstance(exc, (BackendUnavailableError, BackendResponseError)):
@@ -214,12 +238,18 @@ class ChatCompletionService:
                 self._metrics.tokens_per_second.labels(kind).observe(tokens / seconds)
 
     async def _graph_chunks(
-        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None, usage: dict[str, int]
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        deadline_s: float | None,
+        usage: dict[str, int],
+        span: RunSpan,
     ) -> AsyncIterator[str]:
         encoder = _ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.model)
         set_run_id(encoder.completion_id)
+        span.set(**{"switchyard.run_id": encoder.completion_id})
         role_sent = False
-        async with aclosing(self._run_events(request, request_id, deadline_s)) as events:
+        async with aclosing(self._run_events(request, request_id, deadline_s, span)) as events:
             async for event in events:
                 if not role_sent:
                     yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
@@ -283,8 +313,10 @@ class ChatCompletionService:
         """A whole answer (``stream: false``)."""
         kind = self._check(request, principal)
         release = self._slots.acquire(principal)
+        span = self._start_span(kind, request, request_id, principal)
         self._metrics.runs_in_flight.inc()
         outcome = "error"
+        error: BaseException | None = None
         tokens = 0
         try:
             if kind == "alias":
@@ -295,7 +327,7 @@ class ChatCompletionService:
                     raise RunDeadlineError(deadline_s or 0) from None
                 tokens = int((answer.get("usage") or {}).get("completion_tokens", 0))
             else:
-                answer = await self._complete_graph(request, request_id, deadline_s)
+                answer = await self._complete_graph(request, request_id, deadline_s, span)
                 tokens = answer.usage.completion_tokens if answer.usage else 0
             outcome = "ok"
             return answer
@@ -303,20 +335,23 @@ class ChatCompletionService:
             outcome = "cancelled"  # the client went away
             raise
         except Exception as exc:
+            error = exc
             self._count_backend_error(exc)
             raise
         finally:
             release()
             self._metrics.runs_in_flight.dec()
             self._record_run(kind, request.model, outcome, tokens, 0.0, request_id, principal)
+            span.set(**{"gen_ai.usage.output_tokens": tokens})
+            span.end(outcome, error)
 
     async def _complete_graph(
-        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None
+        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None, span: RunSpan
     ) -> ChatCompletion:
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish = Finish(reason="stop", prompt_tokens=0, completion_tokens=0)
-        async with aclosing(self._run_events(request, request_id, deadline_s)) as events:
+        async with aclosing(self._run_events(request, request_id, deadline_s, span)) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     text.append(event.text)
