@@ -7,6 +7,7 @@ from ``eval`` or ``serving``.
 from graphs.context import RunContext
 from graphs.deps import ChatModelProvider, GraphDeps
 from graphs.errors import GraphError, GraphLoadError, UnknownGraphError
+from graphs.guards import OutputBlockedError, OutputPolicy, StreamGuard, checked
 from graphs.events import Finish, GraphEvent, TextDelta, ToolCallDelta, message_events
 from graphs.registry import GraphRegistry, GraphSpec, RegisteredGraph
 
@@ -19,10 +20,14 @@ __all__ = [
     "GraphLoadError",
     "GraphRegistry",
     "GraphSpec",
+    "OutputBlockedError",
+    "OutputPolicy",
     "RegisteredGraph",
     "RunContext",
+    "StreamGuard",
     "TextDelta",
     "ToolCallDelta",
     "UnknownGraphError",
+    "checked",
     "message_events",
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphs.guards import OutputPolicy
+
 __all__ = ["RunContext"]
 
 
@@ -20,3 +22,6 @@ class RunContext:
     model_params: dict[str, Any] = field(default_factory=dict)
     """Sampling parameters from the request (``temperature``, ``max_tokens``, ``stop``,
     ``top_p``, ``seed``...), bound onto the model call with ``.bind(**model_params)``."""
+    output_policy: OutputPolicy | None = None
+    """What to redact or block in the run's answers (`graphs.guards`); set by the
+    serving layer from the global and the tenant's lists."""

@@ -21,7 +21,7 @@ from serving.errors import install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
 from serving.audit import AuditLog
 from serving.auth import Authenticator
-from serving.guardrails import InputFilter
+from serving.guardrails import Guardrails
 from serving.limits import BodySizeLimit, RateLimiter, RunSlots
 from serving.deps import require_key
 from serving.langgraph_api.router import open_router as langgraph_open_router
@@ -73,9 +73,9 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         app.state.rate_limiter = RateLimiter()
         audit = app.state.audit = AuditLog(settings.audit_path)
         slots = RunSlots(server_max=settings.server.max_concurrent_runs)
-        input_filter = InputFilter(settings.guardrails)
+        guardrails = Guardrails(settings.guardrails)
         app.state.chat_service = ChatCompletionService(
-            built.gateway, built.graphs, metrics, slots, audit, input_filter, tracing
+            built.gateway, built.graphs, metrics, slots, audit, guardrails, tracing
         )
         app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings.threads, settings.data_dir)
@@ -87,7 +87,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
             slots,
             metrics,
             audit,
-            input_filter,
+            guardrails,
             tracing,
         )
         _tune_gc()

@@ -67,6 +67,10 @@ class TenantSettings(BaseModel):
     """Knowledge collections the tenant may read (enforced by the knowledge layer)."""
     blocked_terms: tuple[str, ...] = ()
     """Sensitive terms refused in this tenant's input (on top of the global list)."""
+    output_redact_terms: tuple[str, ...] = ()
+    """Terms redacted from this tenant's answers (on top of the global list)."""
+    output_block_terms: tuple[str, ...] = ()
+    """Terms that stop this tenant's answers (on top of the global list)."""
     limits: TenantLimits = TenantLimits()
 
     def allows_graph(self, graph_id: str) -> bool:

@@ -1,9 +1,14 @@
-"""Input filter: refuse requests that contain a sensitive term.
+"""Guardrails: the input filter and the output policy, from global and tenant lists.
 
-Terms come from ``guardrails.blocked_terms`` (every tenant) and each tenant's own
-``blocked_terms``. Matching is case-insensitive on whole words (``secret`` does not
-match ``secretary``). A refusal names the term and which list it is on, so the caller
-knows what to change; nothing of the request reaches a model.
+Input: a request that contains a sensitive term is refused. Terms come from
+``guardrails.blocked_terms`` (every tenant) and each tenant's own ``blocked_terms``.
+Matching is case-insensitive on whole words (``secret`` does not match
+``secretary``). A refusal names the term and which list it is on, so the caller knows
+what to change; nothing of the request reaches a model.
+
+Output: `Guardrails.output_policy` is the `graphs.guards.OutputPolicy` of a caller
+(``guardrails.output_*`` plus the tenant's ``output_*`` lists): answers are redacted
+or blocked in the graph's model nodes and on the token stream of both protocols.
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from serving.auth import Principal
+from graphs import OutputBlockedError, OutputPolicy, StreamGuard
+from serving.auth import Principal, TenantSettings
 from serving.errors import RequestError
 
-__all__ = ["GuardrailSettings", "InputFilter", "message_texts"]
+__all__ = ["GuardrailSettings", "Guardrails", "OutputGuard", "message_texts"]
 
 
 class GuardrailSettings(BaseModel):
@@ -27,7 +33,26 @@ class GuardrailSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     blocked_terms: tuple[str, ...] = ()
-    """Terms refused for every tenant."""
+    """Terms refused in every tenant's input."""
+    output_redact_terms: tuple[str, ...] = ()
+    """Terms replaced by ``[redacted]`` in every answer (whole words, any case)."""
+    output_redact_patterns: tuple[str, ...] = ()
+    """Regular expressions replaced by ``[redacted]`` in every answer."""
+    output_pattern_max_chars: int = Field(default=64, ge=1, le=4096)
+    """The longest text a pattern match may span: how much of a stream is held back
+    while patterns are set."""
+    output_block_terms: tuple[str, ...] = ()
+    """Terms that stop an answer (``finish_reason: "content_filter"``)."""
+
+    @field_validator("output_redact_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a valid regular expression: {exc}") from None
+        return patterns
 
 
 @lru_cache(maxsize=256)
@@ -49,13 +74,18 @@ def message_texts(messages: Iterable[Any]) -> Iterable[str]:
                     yield part["text"]
 
 
-class InputFilter:
-    """Checks request texts against the global and the caller's tenant lists."""
+class Guardrails:
+    """The global lists, combined with each caller's tenant lists."""
 
     def __init__(self, settings: GuardrailSettings) -> None:
+        self._settings = settings
         self._global = tuple(settings.blocked_terms)
 
-    def check(self, texts: Iterable[str], principal: Principal, *, param: str = "messages") -> None:
+    def output_policy(self, principal: Principal) -> OutputPolicy | None:
+        """The caller's output policy, or None when nothing is to be checked."""
+        return _output_policy(self._settings, principal.settings)
+
+    def check_input(self, texts: Iterable[str], principal: Principal, *, param: str = "messages") -> None:
         """Raises:
             RequestError: naming the first blocked term found and its list.
         """
@@ -71,3 +101,68 @@ class InputFilter:
                         param=param,
                         code="content_blocked",
                     )
+
+
+@lru_cache(maxsize=256)
+def _output_policy(settings: GuardrailSettings, tenant: TenantSettings) -> OutputPolicy | None:
+    policy = OutputPolicy(
+        redact=(*settings.output_redact_terms, *tenant.output_redact_terms),
+        redact_patterns=settings.output_redact_patterns,
+        block=(*settings.output_block_terms, *tenant.output_block_terms),
+        pattern_hold=settings.output_pattern_max_chars,
+    )
+    return policy if policy.active else None
+
+
+class OutputGuard:
+    """One run's output check on the wire: a `StreamGuard` per answer being streamed
+    (an OpenAI choice index, a LangGraph message id), and what it did."""
+
+    def __init__(self, policy: OutputPolicy | None) -> None:
+        self.policy = policy
+        self._streams: dict[Any, StreamGuard] = {}
+        self._flushed = 0
+        self.blocked: str | None = None
+        """The blocked term found (for the audit log; never sent to the client)."""
+
+    @property
+    def active(self) -> bool:
+        return self.policy is not None
+
+    def feed(self, key: Any, text: str) -> str:
+        """The part of ``text`` (the next piece of answer ``key``) safe to send now.
+
+        Raises:
+            OutputBlockedError: the answer contains a blocked term.
+        """
+        if self.policy is None:
+            return text
+        guard = self._streams.get(key)
+        if guard is None:
+            guard = self._streams[key] = StreamGuard(self.policy)
+        try:
+            return guard.feed(text)
+        except OutputBlockedError as exc:
+            self.blocked = exc.term
+            raise
+
+    def flush(self, key: Any) -> str:
+        """The rest of answer ``key`` (its end has come).
+
+        Raises:
+            OutputBlockedError: the answer contains a blocked term.
+        """
+        guard = self._streams.pop(key, None)
+        if guard is None:
+            return ""
+        try:
+            return guard.flush()
+        except OutputBlockedError as exc:
+            self.blocked = exc.term
+            raise
+        finally:
+            self._flushed += guard.redactions
+
+    @property
+    def redactions(self) -> int:
+        return self._flushed + sum(g.redactions for g in self._streams.values())

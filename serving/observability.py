@@ -209,6 +209,10 @@ class ServingMetrics:
             "switchyard_rejections", "Requests refused by a limit (rate, key_runs, server_runs, body_size).",
             ["reason"], registry=self.registry,
         )
+        self.output_checks = Counter(
+            "switchyard_output_checks", "Answers changed by the output check, by kind and action (redacted, blocked).",
+            ["kind", "action"], registry=self.registry,
+        )
         self.backend_errors = Counter(
             "switchyard_backend_errors", "Failed calls to model backends, by backend and error.",
             ["backend", "error"], registry=self.registry,

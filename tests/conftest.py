@@ -136,6 +136,17 @@ def start_server(
     return ServerHandle(url=url, process=process, data_dir=data_dir, config=config_file)
 
 
+def create_key(config: Path, tenant: str) -> str:
+    """A new API key for ``tenant``, made by ``switchyard keys create`` (only its hash
+    is stored, in the config's data directory)."""
+    result = subprocess.run(
+        [str(SWITCHYARD), "--config", str(config), "keys", "create", "--tenant", tenant],
+        capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
 def stop_server(handle: ServerHandle) -> None:
     handle.process.terminate()
     try:

@@ -11,6 +11,7 @@ from langgraph.runtime import Runtime
 
 from graphs.chat.state import ChatState
 from graphs.context import RunContext
+from graphs.guards import checked
 
 __all__ = ["make_call_model"]
 
@@ -22,10 +23,12 @@ def make_call_model(
 
     The node binds the request's sampling parameters from the run context, prepends
     ``system_prompt`` unless the conversation starts with a system message, and
-    returns the model's answer. Under ``stream_mode="messages"`` LangGraph streams the
+    returns the model's answer, checked against the run's output policy
+    (`graphs.guards.checked`). Under ``stream_mode="messages"`` LangGraph streams the
     answer token by token as the model produces it.
     """
 
+    @checked
     async def call_model(state: ChatState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         messages = list(state["messages"])
         if not messages or messages[0].type != "system":

@@ -21,16 +21,17 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
+from langchain_core.messages import AIMessage, AIMessageChunk
 from pydantic import BaseModel
 
 from gateway import BackendResponseError, BackendUnavailableError
-from graphs import GraphRegistry, RegisteredGraph, RunContext
+from graphs import GraphRegistry, OutputBlockedError, RegisteredGraph, RunContext
 from serving._tasks import RunCancelledError, RunDeadlineError, guarded
 from serving.langgraph_api.runs import RunRecord, RunRegistry, RunStatus
 from serving.audit import AuditLog
 from serving.auth import Principal
 from serving.errors import ServingError
-from serving.guardrails import InputFilter, message_texts
+from serving.guardrails import Guardrails, OutputGuard, message_texts
 from serving.limits import RunSlots
 from serving.tracing import NO_TRACING, NoTracing, Tracing
 from serving.observability import ServingMetrics, set_run_id
@@ -89,6 +90,23 @@ async def sse_frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[st
             yield frame("error", stop_error(exc), index + 1)
 
 
+_SERVER_CONTEXT = frozenset({"request_id", "output_policy"})
+"""Run-context fields the server sets; a request cannot."""
+
+
+def _checked_message(message: Any, guard: OutputGuard) -> Any:
+    """A ``messages`` event's AI message with its text checked: a streamed message's
+    chunks are held back and released by the guard, its last chunk flushes it."""
+    if not isinstance(message, AIMessage) or not isinstance(message.content, str):
+        return message
+    key = message.id
+    text = guard.feed(key, message.content)
+    last = not isinstance(message, AIMessageChunk) or message.chunk_position == "last"
+    if last or message.response_metadata.get("finish_reason"):
+        text += guard.flush(key)
+    return message if text == message.content else message.model_copy(update={"content": text})
+
+
 def _interrupts(interrupts: Any) -> list[dict[str, Any]]:
     return [{"value": i.value, "id": i.id} for i in interrupts or ()]
 
@@ -104,11 +122,11 @@ class LangGraphService:
         slots: RunSlots,
         metrics: ServingMetrics,
         audit: AuditLog,
-        input_filter: InputFilter,
+        guardrails: Guardrails,
         tracing: Tracing | NoTracing = NO_TRACING,
     ) -> None:
         self._tracing = tracing
-        self._input_filter = input_filter
+        self._guardrails = guardrails
         self._audit = audit
         self._metrics = metrics
         self._graphs = graphs
@@ -304,7 +322,7 @@ class LangGraphService:
                 unsupported strategy (400).
         """
         entry = self.resolve(body.assistant_id, principal)
-        self._input_filter.check(message_texts((body.input or {}).get("messages") or []), principal, param="input")
+        self._guardrails.check_input(message_texts((body.input or {}).get("messages") or []), principal, param="input")
         if entry.threaded is None:
             raise ServingError(503, "threads are not available: no checkpointer configured")
         if body.multitask_strategy == "rollback":
@@ -405,9 +423,11 @@ class LangGraphService:
         }
         graph_input: Any = Command(**body.command) if body.command else body.input
         context_fields = {f.name for f in dataclasses.fields(RunContext)}
+        guard = OutputGuard(self._guardrails.output_policy(principal))
         context = RunContext(
-            **{k: v for k, v in (body.context or {}).items() if k in context_fields and k != "request_id"},
+            **{k: v for k, v in (body.context or {}).items() if k in context_fields and k not in _SERVER_CONTEXT},
             request_id=request_id,
+            output_policy=guard.policy,
         )
         modes = body.modes()
         if keep:
@@ -454,6 +474,8 @@ class LangGraphService:
                         data = {**data, "__interrupt__": _interrupts(part["interrupts"])}
                     elif kind == "messages":
                         data = list(data)
+                        if guard.active:
+                            data[0] = _checked_message(data[0], guard)
                     yield name, data
             status = "idle"
             if keep:  # a stateless run's thread is deleted below: no status to keep
@@ -461,6 +483,15 @@ class LangGraphService:
                 status = "interrupted" if snapshot.next else "idle"
             outcome = "ok"
             run_status = "success"
+        except OutputBlockedError as exc:
+            # Closing the graph's stream (leaving the loop) stopped the run.
+            outcome, status = "blocked", "idle"
+            self._metrics.output_checks.labels("langgraph", "blocked").inc()
+            self._audit.append(
+                "output_blocked", request_id=request_id, kind="langgraph", target=entry.graph_id, term=guard.blocked,
+                run_id=run_id, tenant=principal.tenant, key_id=principal.key_id,
+            )
+            yield "error", {"error": "OutputBlocked", "message": str(exc)}
         except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
             error = exc
             log.warning("run %s on thread %s failed: %r", run_id, thread_id, exc)
@@ -473,6 +504,8 @@ class LangGraphService:
             run_status = "timeout" if isinstance(run.guard.error, RunDeadlineError) else "interrupted"
             raise
         finally:
+            if guard.redactions and not guard.blocked:
+                self._metrics.output_checks.labels("langgraph", "redacted").inc()
             span.set(**{"switchyard.thread_status": status if keep else None})
             span.end(outcome, error)
             self._metrics.runs_in_flight.dec()

@@ -20,12 +20,22 @@ from typing import Any
 from langchain_core.messages import BaseMessage, convert_to_messages
 
 from gateway import BackendResponseError, BackendUnavailableError, ModelGateway
-from graphs import Finish, GraphEvent, GraphRegistry, RunContext, TextDelta, ToolCallDelta, message_events
+from graphs import (
+    Finish,
+    GraphEvent,
+    GraphRegistry,
+    OutputBlockedError,
+    OutputPolicy,
+    RunContext,
+    TextDelta,
+    ToolCallDelta,
+    message_events,
+)
 from serving._tasks import RunDeadlineError, with_deadline
 from serving.audit import AuditLog
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
-from serving.guardrails import InputFilter, message_texts
+from serving.guardrails import Guardrails, OutputGuard, message_texts
 from serving.limits import RunSlots
 from serving.tracing import NO_TRACING, NoTracing, RunSpan, Tracing
 from serving.observability import ServingMetrics, set_run_id
@@ -91,6 +101,46 @@ class _ChunkEncoder:
         return self._before + json.dumps(text) + self._after
 
 
+def _guard_alias_chunk(chunk: dict[str, Any], guard: OutputGuard) -> dict[str, Any] | None:
+    """A relayed chunk with each choice's content checked (``None``: nothing left to
+    send yet). Raises `OutputBlockedError`."""
+    choices = []
+    for choice in chunk["choices"]:
+        delta = choice.get("delta") or {}
+        content = delta.get("content")
+        index = choice.get("index", 0)
+        if isinstance(content, str):
+            content = guard.feed(index, content)
+        if choice.get("finish_reason"):
+            content = (content or "") + guard.flush(index)
+        if isinstance(content, str):
+            delta = {**delta, "content": content}
+            if not content and len(delta) == 1 and not choice.get("finish_reason"):
+                continue  # held back entirely
+        choices.append({**choice, "delta": delta})
+    return {**chunk, "choices": choices} if choices else None
+
+
+def _check_alias_answer(answer: dict[str, Any], guard: OutputGuard) -> None:
+    """Check each choice's content of a relayed whole answer, in place."""
+    for choice in answer.get("choices") or []:
+        message = choice.get("message") or {}
+        content = message.get("content")
+        if not isinstance(content, str):
+            continue
+        index = choice.get("index", 0)
+        try:
+            message["content"] = guard.feed(index, content) + guard.flush(index)
+        except OutputBlockedError as exc:
+            message.update(content=str(exc), tool_calls=None)
+            choice["finish_reason"] = "content_filter"
+
+
+def _content_filter_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
+    choices = [{"index": c.get("index", 0), "delta": {}, "finish_reason": "content_filter"} for c in chunk["choices"]]
+    return {**chunk, "choices": choices}
+
+
 class ChatCompletionService:
     """Serves ``/v1/chat/completions`` and ``/v1/models`` from the platform's graphs
     and model aliases."""
@@ -102,11 +152,11 @@ class ChatCompletionService:
         metrics: ServingMetrics,
         slots: RunSlots,
         audit: AuditLog,
-        input_filter: InputFilter,
+        guardrails: Guardrails,
         tracing: Tracing | NoTracing = NO_TRACING,
     ) -> None:
         self._tracing = tracing
-        self._input_filter = input_filter
+        self._guardrails = guardrails
         self._audit = audit
         self._gateway = gateway
         self._graphs = graphs
@@ -123,7 +173,7 @@ class ChatCompletionService:
         return ModelList(data=cards)
 
     def _check(self, request: ChatCompletionRequest, principal: Principal) -> str:
-        self._input_filter.check(message_texts(request.model_dump(include={"messages"})["messages"]), principal)
+        self._guardrails.check_input(message_texts(request.model_dump(include={"messages"})["messages"]), principal)
         if request.model in self._graphs:
             if not principal.settings.allows_graph(request.model):
                 raise ServingError(403, f"tenant {principal.tenant!r} may not use graph {request.model!r}")
@@ -145,14 +195,19 @@ class ChatCompletionService:
         return "alias"
 
     def _run_events(
-        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None, span: RunSpan
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        deadline_s: float | None,
+        span: RunSpan,
+        policy: OutputPolicy | None,
     ) -> AsyncIterator[GraphEvent]:
         """Start the graph run for a request; its events, in the caller's task."""
         graph = self._graphs.get(request.model).graph
         stream = graph.astream(
             {"messages": _to_langchain(request.messages)},
             {"callbacks": span.callbacks} if span.callbacks else None,
-            context=RunContext(request_id=request_id, model_params=request.sampling_params()),
+            context=RunContext(request_id=request_id, model_params=request.sampling_params(), output_policy=policy),
             stream_mode=["messages"],
             version="v2",
         )
@@ -173,10 +228,11 @@ class ChatCompletionService:
         release = self._slots.acquire(principal)
         span = self._start_span(kind, request, request_id, principal)
         usage: dict[str, int] = {}
+        guard = OutputGuard(self._guardrails.output_policy(principal))
         events = (
-            self._graph_chunks(request, request_id, deadline_s, usage, span)
+            self._graph_chunks(request, request_id, deadline_s, usage, span, guard)
             if kind == "graph"
-            else self._alias_chunks(request, deadline_s, usage)
+            else self._alias_chunks(request, deadline_s, usage, guard)
         )
         started = time.perf_counter()
         first_at = 0.0
@@ -190,7 +246,7 @@ class ChatCompletionService:
                         first_at = time.perf_counter()
                         self._metrics.time_to_first_token.labels(kind).observe(first_at - started)
                     yield payload
-            outcome = "ok"
+            outcome = "blocked" if guard.blocked else "ok"
             yield "[DONE]"
         except BaseException as exc:
             outcome = "cancelled" if not isinstance(exc, Exception) else "error"
@@ -202,6 +258,7 @@ class ChatCompletionService:
             self._metrics.runs_in_flight.dec()
             tokens = usage.get("completion_tokens", 0)
             self._record_run(kind, request.model, outcome, tokens, first_at, request_id, principal)
+            self._record_output_check(guard, kind, request.model, request_id, principal)
             span.set(**{
                 "gen_ai.usage.output_tokens": tokens,
                 "switchyard.ttft_ms": round((first_at - started) * 1000, 1) if first_at else None,
@@ -219,6 +276,18 @@ class ChatCompletionService:
                 "switchyard.stream": bool(request.stream),
             },
         )
+
+    def _record_output_check(
+        self, guard: OutputGuard, kind: str, target: str, request_id: str, principal: Principal
+    ) -> None:
+        if guard.blocked:
+            self._metrics.output_checks.labels(kind, "blocked").inc()
+            self._audit.append(
+                "output_blocked", request_id=request_id, kind=kind, target=target, term=guard.blocked,
+                tenant=principal.tenant, key_id=principal.key_id,
+            )
+        elif guard.redactions:
+            self._metrics.output_checks.labels(kind, "redacted").inc()
 
     def _count_backend_error(self, exc: BaseException) -> None:
         if isinstance(exc, (BackendUnavailableError, BackendResponseError)):
@@ -244,37 +313,61 @@ class ChatCompletionService:
         deadline_s: float | None,
         usage: dict[str, int],
         span: RunSpan,
+        guard: OutputGuard,
     ) -> AsyncIterator[str]:
         encoder = _ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.model)
         set_run_id(encoder.completion_id)
         span.set(**{"switchyard.run_id": encoder.completion_id})
         role_sent = False
-        async with aclosing(self._run_events(request, request_id, deadline_s, span)) as events:
-            async for event in events:
+        events = self._run_events(request, request_id, deadline_s, span, guard.policy)
+        async with aclosing(events) as events:
+            try:
+                async for chunk in self._encode_graph_events(events, encoder, request, usage, guard):
+                    if not role_sent:
+                        yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
+                        role_sent = True
+                    yield chunk
+            except OutputBlockedError:
+                # The run stops here (closing its events cancels it); nothing of the
+                # blocked answer past what was already safe has been sent.
                 if not role_sent:
                     yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
-                    role_sent = True
-                if isinstance(event, TextDelta):
-                    yield encoder.content(event.text)
-                elif isinstance(event, ToolCallDelta):
-                    call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
-                    if event.id:
-                        call.update(id=event.id, type="function")
-                    if event.name:
-                        call["function"]["name"] = event.name
-                    yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
-                elif isinstance(event, Finish):
-                    usage["completion_tokens"] = event.completion_tokens
-                    totals = _usage(event.prompt_tokens, event.completion_tokens)
-                    yield encoder.chunk(Delta(), finish_reason=event.reason, usage=totals).model_dump_json()
-                    if request.stream_options and request.stream_options.include_usage:
-                        last = ChatCompletionChunk(
-                            id=encoder.completion_id, created=encoder.created, model=encoder.model, choices=[], usage=totals
-                        )
-                        yield last.model_dump_json()
+                yield encoder.chunk(Delta(), finish_reason="content_filter").model_dump_json()
+
+    async def _encode_graph_events(
+        self,
+        events: AsyncIterator[GraphEvent],
+        encoder: _ChunkEncoder,
+        request: ChatCompletionRequest,
+        usage: dict[str, int],
+        guard: OutputGuard,
+    ) -> AsyncIterator[str]:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                text = guard.feed(0, event.text)
+                if text:
+                    yield encoder.content(text)
+            elif isinstance(event, ToolCallDelta):
+                call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
+                if event.id:
+                    call.update(id=event.id, type="function")
+                if event.name:
+                    call["function"]["name"] = event.name
+                yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
+            elif isinstance(event, Finish):
+                if rest := guard.flush(0):
+                    yield encoder.content(rest)
+                usage["completion_tokens"] = event.completion_tokens
+                totals = _usage(event.prompt_tokens, event.completion_tokens)
+                yield encoder.chunk(Delta(), finish_reason=event.reason, usage=totals).model_dump_json()
+                if request.stream_options and request.stream_options.include_usage:
+                    last = ChatCompletionChunk(
+                        id=encoder.completion_id, created=encoder.created, model=encoder.model, choices=[], usage=totals
+                    )
+                    yield last.model_dump_json()
 
     async def _alias_chunks(
-        self, request: ChatCompletionRequest, deadline_s: float | None, usage: dict[str, int]
+        self, request: ChatCompletionRequest, deadline_s: float | None, usage: dict[str, int], guard: OutputGuard
     ) -> AsyncIterator[str]:
         body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
@@ -285,6 +378,17 @@ class ChatCompletionService:
         relay = with_deadline(self._gateway.stream_chat(request.model, body), deadline_s)
         async with aclosing(relay) as chunks:
             async for chunk in chunks:
+                if guard.active and chunk.get("choices"):
+                    try:
+                        checked = _guard_alias_chunk(chunk, guard)
+                    except OutputBlockedError:
+                        if held is not None:
+                            yield json.dumps(held)
+                        yield json.dumps(_content_filter_chunk(chunk))
+                        return  # closing the relay closes the backend's stream
+                    if checked is None:
+                        continue
+                    chunk = checked
                 choices = chunk.get("choices")
                 if not choices:
                     usage["completion_tokens"] = int((chunk.get("usage") or {}).get("completion_tokens", 0))
@@ -314,6 +418,7 @@ class ChatCompletionService:
         kind = self._check(request, principal)
         release = self._slots.acquire(principal)
         span = self._start_span(kind, request, request_id, principal)
+        guard = OutputGuard(self._guardrails.output_policy(principal))
         self._metrics.runs_in_flight.inc()
         outcome = "error"
         error: BaseException | None = None
@@ -326,10 +431,12 @@ class ChatCompletionService:
                 except TimeoutError:
                     raise RunDeadlineError(deadline_s or 0) from None
                 tokens = int((answer.get("usage") or {}).get("completion_tokens", 0))
+                if guard.active:
+                    _check_alias_answer(answer, guard)
             else:
-                answer = await self._complete_graph(request, request_id, deadline_s, span)
+                answer = await self._complete_graph(request, request_id, deadline_s, span, guard)
                 tokens = answer.usage.completion_tokens if answer.usage else 0
-            outcome = "ok"
+            outcome = "blocked" if guard.blocked else "ok"
             return answer
         except asyncio.CancelledError:
             outcome = "cancelled"  # the client went away
@@ -342,16 +449,17 @@ class ChatCompletionService:
             release()
             self._metrics.runs_in_flight.dec()
             self._record_run(kind, request.model, outcome, tokens, 0.0, request_id, principal)
+            self._record_output_check(guard, kind, request.model, request_id, principal)
             span.set(**{"gen_ai.usage.output_tokens": tokens})
             span.end(outcome, error)
 
     async def _complete_graph(
-        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None, span: RunSpan
+        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None, span: RunSpan, guard: OutputGuard
     ) -> ChatCompletion:
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish = Finish(reason="stop", prompt_tokens=0, completion_tokens=0)
-        async with aclosing(self._run_events(request, request_id, deadline_s, span)) as events:
+        async with aclosing(self._run_events(request, request_id, deadline_s, span, guard.policy)) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     text.append(event.text)
@@ -364,11 +472,17 @@ class ChatCompletionService:
                     call["function"]["arguments"] += event.arguments
                 elif isinstance(event, Finish):
                     finish = event
-        message = ResponseMessage(content="".join(text) or None, tool_calls=[calls[i] for i in sorted(calls)] or None)
+        content = "".join(text)
+        reason = finish.reason
+        try:
+            content = guard.feed(0, content) + guard.flush(0)
+        except OutputBlockedError as exc:
+            content, reason, calls = str(exc), "content_filter", {}
+        message = ResponseMessage(content=content or None, tool_calls=[calls[i] for i in sorted(calls)] or None)
         return ChatCompletion(
             id=f"chatcmpl-{uuid.uuid4().hex}",
             created=int(time.time()),
             model=request.model,
-            choices=[Choice(message=message, finish_reason=finish.reason)],
+            choices=[Choice(message=message, finish_reason=reason)],
             usage=_usage(finish.prompt_tokens, finish.completion_tokens),
         )

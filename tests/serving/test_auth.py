@@ -5,12 +5,9 @@ server's, 413 for an oversized body."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,7 +16,7 @@ from langgraph_sdk import get_client
 from langgraph_sdk.errors import ConflictError, NotFoundError, PermissionDeniedError
 
 from gateway import Backend
-from tests.conftest import REPO, SWITCHYARD, ServerHandle, start_server, stop_server
+from tests.conftest import REPO, ServerHandle, create_key, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llm]
 
@@ -30,15 +27,6 @@ TENANTS = {
 }
 LONG = {"model": "chat", "max_tokens": 400, "stream": True,
         "messages": [{"role": "user", "content": "Continue this list forever: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"}]}
-
-
-def _key(config: Path, tenant: str) -> str:
-    result = subprocess.run(
-        [str(SWITCHYARD), "--config", str(config), "keys", "create", "--tenant", tenant],
-        capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +45,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory, local_backend: Backend) ->
     }
     config = tmp / "switchyard.yaml"
     config.write_text(yaml.safe_dump(settings))
-    keys = {tenant: _key(config, tenant) for tenant in TENANTS}
+    keys = {tenant: create_key(config, tenant) for tenant in TENANTS}
     stored = (tmp / "data" / "keys.yaml").read_text()
     assert all(key not in stored for key in keys.values())  # only hashes are kept
     handle = start_server(tmp, {k: v for k, v in settings.items() if k != "data_dir"}, dev=False)
@@ -123,7 +111,7 @@ async def test_another_tenants_thread_is_404(secured: tuple[ServerHandle, dict[s
 
 def test_a_key_created_while_the_server_runs_works_at_once(secured: tuple[ServerHandle, dict[str, str]]) -> None:
     server, _ = secured
-    fresh = _key(server.config, "globex")
+    fresh = create_key(server.config, "globex")
     response = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {fresh}"})
     assert response.status_code == 200
 
@@ -154,7 +142,7 @@ def test_oversized_bodies_are_413(secured: tuple[ServerHandle, dict[str, str]]) 
 
 def test_a_key_over_its_rate_gets_429_while_others_are_served(secured: tuple[ServerHandle, dict[str, str]]) -> None:
     server, keys = secured
-    tiny = _key(server.config, "tiny")
+    tiny = create_key(server.config, "tiny")
     statuses = [httpx.get(server.url + "/v1/models", headers=_bearer(tiny)) for _ in range(6)]
     assert [r.status_code for r in statuses[:3]] == [200, 200, 200]  # the burst
     limited = [r for r in statuses[3:] if r.status_code == 429]
@@ -168,7 +156,7 @@ def test_a_key_over_its_rate_gets_429_while_others_are_served(secured: tuple[Ser
 
 def test_concurrent_runs_are_capped_per_key_and_per_server(secured: tuple[ServerHandle, dict[str, str]]) -> None:
     server, keys = secured
-    tiny = _key(server.config, "tiny")
+    tiny = create_key(server.config, "tiny")
     url = server.url + "/v1/chat/completions"
     with httpx.Client(timeout=60) as first, httpx.Client(timeout=60) as second:
         with first.stream("POST", url, json=LONG, headers=_bearer(tiny)) as held:

@@ -1,0 +1,90 @@
+"""The output policy: whole texts and streams, terms split across tokens, patterns,
+and the node wrapper that keeps unchecked text out of a graph's state."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+
+from graphs.guards import REDACTED, OutputBlockedError, OutputPolicy, StreamGuard, checked
+
+POLICY = OutputPolicy(redact=("Project Falcon", "secret"), block=("launch code",))
+
+
+def _stream(policy: OutputPolicy, pieces: list[str]) -> list[str]:
+    guard = StreamGuard(policy)
+    return [guard.feed(p) for p in pieces] + [guard.flush()]
+
+
+def test_whole_text_redaction_is_case_insensitive_on_whole_words() -> None:
+    verdict = POLICY.check("The SECRET of project falcon is no secretary's business.")
+    assert verdict.text == f"The {REDACTED} of {REDACTED} is no secretary's business."
+    assert verdict.redactions == 2 and verdict.blocked is None
+
+
+def test_a_blocked_term_blocks_the_whole_text() -> None:
+    verdict = POLICY.check("Here is the Launch Code: 0000")
+    assert verdict.blocked == "Launch Code"
+    assert "0000" not in verdict.text and "blocked" in verdict.text
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8])
+def test_a_term_split_across_tokens_is_redacted_before_any_of_it_is_sent(size: int) -> None:
+    text = "Ask about Project Falcon, the secret one; secretaries know."
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    out = _stream(POLICY, pieces)
+    assert "".join(out) == POLICY.check(text).text
+    sent = ""
+    for part in out:
+        sent += part
+        assert "Proj" not in sent and "secret " not in sent.lower()
+
+
+def test_a_blocked_term_in_a_stream_stops_it_before_the_term_is_sent() -> None:
+    guard = StreamGuard(POLICY)
+    sent = ""
+    with pytest.raises(OutputBlockedError) as blocked:
+        for piece in ["The la", "unch co", "de is 12", "34 and more"]:
+            sent += guard.feed(piece)
+    assert blocked.value.term == "launch code"
+    assert "la" not in sent.replace("The", "")  # nothing of the term went out
+
+
+def test_patterns_are_redacted_in_streams() -> None:
+    policy = OutputPolicy(redact_patterns=(r"[\w.+-]+@[\w-]+\.[\w.]+",), pattern_hold=40)
+    text = "Write to jane.doe@example.com or bob@corp.org today."
+    out = _stream(policy, [text[i : i + 3] for i in range(0, len(text), 3)])
+    assert "".join(out) == f"Write to {REDACTED} or {REDACTED} today."
+
+
+def test_an_invalid_pattern_is_named() -> None:
+    with pytest.raises(ValueError, match=r"invalid output redact pattern '\(unclosed'"):
+        OutputPolicy(redact_patterns=("(unclosed",))
+
+
+def test_no_policy_holds_nothing_back() -> None:
+    assert _stream(OutputPolicy(), ["a", "b"]) == ["a", "b", ""]
+
+
+async def test_the_node_wrapper_checks_what_reaches_the_state() -> None:
+    async def node(state: Any, runtime: Any) -> dict[str, Any]:
+        return {"messages": [AIMessage("the secret is out", id="m1")]}
+
+    wrapped = checked(node)
+    runtime = SimpleNamespace(context=SimpleNamespace(output_policy=POLICY))
+    update = await wrapped({"messages": [HumanMessage("hi")]}, runtime)
+    assert update["messages"][0].content == f"the {REDACTED} is out"
+    assert update["messages"][0].id == "m1"  # replaces the streamed message, same id
+
+    async def leaking(state: Any, runtime: Any) -> dict[str, Any]:
+        return {"messages": [AIMessage("the launch code is 1234", id="m2")]}
+
+    blocked = (await checked(leaking)({}, runtime))["messages"][0]
+    assert "1234" not in blocked.content
+    assert blocked.response_metadata["finish_reason"] == "content_filter"
+    # Without a policy the node is untouched.
+    plain = await wrapped({}, SimpleNamespace(context=SimpleNamespace(output_policy=None)))
+    assert plain["messages"][0].content == "the secret is out"
