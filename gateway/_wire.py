@@ -16,7 +16,7 @@ import httpx
 
 from gateway.errors import BackendResponseError, BackendUnavailableError
 
-__all__ = ["iter_chunks", "open_chat", "read_json"]
+__all__ = ["iter_chunks", "open_chat", "post_json", "read_json"]
 
 
 async def open_chat(
@@ -117,3 +117,30 @@ async def read_json(response: httpx.Response, backend_id: str) -> dict[str, Any]
     if not isinstance(answer, dict):
         raise BackendResponseError(backend_id, 502, "answer is not a JSON object")
     return answer
+
+
+async def post_json(
+    client: httpx.AsyncClient, backend_id: str, url: str, api_key: str, payload: Mapping[str, Any]
+) -> dict[str, Any]:
+    """POST a JSON request (``/embeddings``...) and return the JSON answer.
+
+    Raises:
+        BackendUnavailableError: no connection, no answer in time, a broken body.
+        BackendResponseError: an error status, or an answer that is not a JSON object.
+    """
+    request = client.build_request("POST", url, json=payload, headers={"Authorization": f"Bearer {api_key}"})
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.TimeoutException as exc:
+        raise BackendUnavailableError(backend_id, f"timed out ({exc.__class__.__name__})") from exc
+    except httpx.HTTPError as exc:
+        raise BackendUnavailableError(backend_id, f"{exc.__class__.__name__}: {exc}") from exc
+    if response.status_code != 200:
+        body = (await response.aread()).decode(errors="replace")
+        await response.aclose()
+        try:
+            detail = str(json.loads(body)["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            detail = body[:300]
+        raise BackendResponseError(backend_id, response.status_code, detail)
+    return await read_json(response, backend_id)

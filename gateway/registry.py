@@ -59,6 +59,10 @@ class Capabilities(_Frozen):
     """Whether the backend returns OpenAI ``tool_calls``."""
     json_schema: bool = False
     """Whether ``response_format: {type: json_schema}`` constrains the output."""
+    embeddings: bool = False
+    """Whether the backend serves ``/v1/embeddings`` (an embedding model on vLLM or TEI)."""
+    embedding_dimensions: int | None = Field(default=None, gt=0)
+    """The size of its vectors, when it serves embeddings."""
 
 
 class Timeouts(_Frozen):

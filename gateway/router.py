@@ -17,8 +17,8 @@ from langchain_core.language_models import BaseChatModel
 
 from gateway.chat import build_chat_model, httpx_timeout
 from gateway._net import pooled_transport
-from gateway._wire import iter_chunks, open_chat, read_json
-from gateway.errors import CapabilityError
+from gateway._wire import iter_chunks, open_chat, post_json, read_json
+from gateway.errors import BackendResponseError, CapabilityError
 from gateway.health import BackendHealth, probe
 from gateway.registry import Backend, ModelRegistry
 
@@ -78,6 +78,32 @@ class ModelGateway:
             payload["max_tokens"] = backend.default_max_tokens
         response = await open_chat(self._pool(backend), backend.id, backend.base_url, backend.api_key or "not-needed", payload)
         return backend, response
+
+    async def embed(self, alias: str, texts: list[str]) -> list[list[float]]:
+        """Vectors for ``texts`` from the alias's ``/v1/embeddings`` backend, in order.
+
+        Raises:
+            UnknownModelError: not a registered alias.
+            CapabilityError: the backend does not declare ``embeddings``.
+            BackendUnavailableError, BackendResponseError: the call failed.
+        """
+        backend = self.registry.resolve(alias)
+        if not backend.capabilities.embeddings:
+            raise CapabilityError(
+                backend.id, "embeddings", "model", f"backend {backend.id!r} does not declare the embeddings capability"
+            )
+        answer = await post_json(
+            self._pool(backend), backend.id, f"{backend.base_url}/embeddings", backend.api_key or "not-needed",
+            {"model": backend.model, "input": texts, "encoding_format": "float"},
+        )
+        try:
+            rows = sorted(answer["data"], key=lambda row: row["index"])
+            vectors = [list(map(float, row["embedding"])) for row in rows]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendResponseError(backend.id, 502, f"not an embeddings answer: {exc!r}") from None
+        if len(vectors) != len(texts):
+            raise BackendResponseError(backend.id, 502, f"{len(vectors)} vectors for {len(texts)} inputs")
+        return vectors
 
     async def complete_chat(self, alias: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Relay a non-streamed chat completion to the alias's backend.

@@ -1,6 +1,40 @@
-"""Knowledge: ingestion, chunking, embeddings, vector and graph stores, ontology.
+"""Knowledge: ingestion, chunking, embeddings and the vector store.
 
-Sits on ``gateway``; ``tools`` and ``graphs`` build on it. Empty until the knowledge
-issues land: the package exists now so that the layer contract is enforced from the
-first commit.
+Sits on ``gateway`` (an embedding backend can be a model alias); ``tools`` and
+``graphs`` build on it. `open_knowledge` builds a `KnowledgeBase` from settings.
 """
+
+from knowledge.errors import (
+    DocumentParseError,
+    EmbeddingError,
+    InvalidCollectionNameError,
+    KnowledgeError,
+    StoreLockedError,
+    UnknownCollectionError,
+)
+from knowledge.knowledge_base import KnowledgeBase, build_embedder, open_knowledge
+from knowledge.models import Chunk, Document, IngestReport, SearchHit
+from knowledge.settings import KnowledgeSettings
+from knowledge.vectorstore.base import CollectionInfo, SearchFilter, SearchMode, StoredDocument, VectorStore
+
+__all__ = [
+    "Chunk",
+    "CollectionInfo",
+    "Document",
+    "DocumentParseError",
+    "EmbeddingError",
+    "IngestReport",
+    "InvalidCollectionNameError",
+    "KnowledgeBase",
+    "KnowledgeError",
+    "KnowledgeSettings",
+    "SearchFilter",
+    "SearchHit",
+    "SearchMode",
+    "StoreLockedError",
+    "StoredDocument",
+    "UnknownCollectionError",
+    "VectorStore",
+    "build_embedder",
+    "open_knowledge",
+]

@@ -1,0 +1,230 @@
+"""``switchyard ingest`` and ``switchyard search``.
+
+Mounted by ``serving/cli.py``, which puts an object satisfying `KnowledgeCliEnv` in
+the Typer context and turns `KnowledgeError` into a one-line message and exit status 1.
+
+Qdrant's local mode allows one process per data directory. When a Switchyard server
+holds it, these commands send their work through that server's HTTP API (found in
+``<data_dir>/run/server.json``, which the server writes when it starts; an API key is
+read from ``SWITCHYARD_API_KEY``); if no server is registered, they say which
+directory is locked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Annotated, Any, Protocol
+
+import httpx
+import typer
+
+from knowledge.errors import DocumentParseError, KnowledgeError, StoreLockedError
+from knowledge.ingestion.loaders import discover, load_file
+from knowledge.knowledge_base import KnowledgeBase
+from knowledge.models import Document, IngestReport
+
+__all__ = ["KnowledgeCliEnv", "ingest", "search"]
+
+_UPLOAD_BYTES = 512 * 1024
+"""Documents per upload request, by JSON size: under the server's default body limit."""
+
+
+class KnowledgeCliEnv(Protocol):
+    """What these commands need from the composition root."""
+
+    def open_knowledge(self) -> AbstractAsyncContextManager[KnowledgeBase]:
+        """Open the knowledge base (raises `StoreLockedError` when a server holds it)."""
+        ...
+
+    def server_url(self) -> str | None:
+        """The URL of the Switchyard server running on this data directory, if any."""
+        ...
+
+
+def _items(paths: list[Path]) -> Iterator[Document | DocumentParseError]:
+    for file, doc_id, _named in discover(paths):
+        try:
+            loaded = load_file(file, doc_id)
+        except DocumentParseError as exc:
+            yield exc
+            continue
+        yield from loaded.documents
+        yield from loaded.errors
+
+
+CollectionOption = Annotated[str, typer.Option("--collection", "-c", help="The collection (created on first ingest).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+
+
+def ingest(
+    ctx: typer.Context,
+    paths: Annotated[list[Path], typer.Argument(help="Files or directories (.md .txt .html .pdf .jsonl).")],
+    collection: CollectionOption,
+    as_json: JsonOption = False,
+    delete_missing: Annotated[
+        bool, typer.Option("--delete-missing", help="Remove documents of the collection that are not in PATHS.")
+    ] = False,
+) -> None:
+    """Ingest documents: new ones are added, changed ones replaced, unchanged ones skipped."""
+    env: KnowledgeCliEnv = ctx.obj
+    for path in paths:
+        if not path.exists():
+            raise KnowledgeError(f"{path}: no such file or directory")
+    items = list(_items(paths))
+    documents = sum(isinstance(i, Document) for i in items)
+    show_bar = sys.stderr.isatty()
+
+    async def run() -> IngestReport:
+        try:
+            opened = env.open_knowledge()
+            knowledge = await opened.__aenter__()
+        except StoreLockedError as exc:
+            url = env.server_url()
+            if url is None:
+                raise KnowledgeError(
+                    f"{exc}; no Switchyard server is registered for this data directory, so the documents "
+                    "cannot go through one: stop the process that holds it, or start `switchyard serve`"
+                ) from None
+            typer.echo(f"the vector store is held by the server at {url}; sending the documents through it", err=True)
+            return await _ingest_through(url, collection, items, delete_missing)
+        try:
+            with typer.progressbar(length=documents, label="ingesting", file=sys.stderr) if show_bar else _NoBar() as bar:
+                return await knowledge.ingest(
+                    collection, items, delete_missing=delete_missing, progress=lambda doc_id, outcome: bar.update(1)
+                )
+        finally:
+            await opened.__aexit__(None, None, None)
+
+    report = asyncio.run(run())
+    if as_json:
+        typer.echo(report.model_dump_json())
+    else:
+        typer.echo(
+            f"{collection}: {report.added} added, {report.updated} updated, {report.skipped} unchanged, "
+            f"{report.deleted} deleted, {report.failed} failed; {report.chunks} chunks in {report.seconds:.1f}s"
+        )
+        for error in report.errors:
+            typer.echo(f"  failed: {error['source']}: {error['reason']}", err=True)
+    if report.failed:
+        raise SystemExit(2)
+
+
+class _NoBar:
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def _headers() -> dict[str, str]:
+    key = os.environ.get("SWITCHYARD_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _check(response: httpx.Response, url: str) -> Any:
+    if response.status_code == 401:
+        raise KnowledgeError(f"the server at {url} needs an API key: set SWITCHYARD_API_KEY")
+    if response.status_code >= 400:
+        try:
+            detail = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            detail = response.text[:300]
+        raise KnowledgeError(f"the server at {url} refused ({response.status_code}): {detail}")
+    return response.json()
+
+
+async def _ingest_through(
+    url: str, collection: str, items: list[Document | DocumentParseError], delete_missing: bool
+) -> IngestReport:
+    report = IngestReport(collection=collection)
+    documents = [i for i in items if isinstance(i, Document)]
+    failed_sources = [i.source for i in items if isinstance(i, DocumentParseError)]
+    for error in items:
+        if isinstance(error, DocumentParseError):
+            report.failed += 1
+            report.errors.append({"source": error.source, "reason": error.reason})
+    async with httpx.AsyncClient(base_url=url, headers=_headers(), timeout=600) as client:
+        batch: list[dict[str, Any]] = []
+        size = 0
+
+        async def send() -> None:
+            nonlocal batch, size
+            if not batch:
+                return
+            got = _check(await client.post(f"/v1/collections/{collection}/documents", json={"documents": batch}), url)
+            for key in ("added", "updated", "skipped", "failed", "chunks"):
+                setattr(report, key, getattr(report, key) + got[key])
+            report.errors.extend(got["errors"])
+            batch, size = [], 0
+
+        for document in documents:
+            record = document.model_dump()
+            length = len(json.dumps(record, ensure_ascii=False).encode())
+            if batch and size + length > _UPLOAD_BYTES:
+                await send()
+            batch.append(record)
+            size += length
+        await send()
+        if delete_missing:
+            listed = _check(await client.get(f"/v1/collections/{collection}/documents"), url)
+            keep = {d.id for d in documents}
+            for stored in listed["documents"]:
+                source = stored.get("source") or ""
+                if stored["doc_id"] in keep or any(source == s or source.startswith(s + ":") for s in failed_sources):
+                    continue
+                _check(await client.delete(f"/v1/collections/{collection}/documents/{stored['doc_id']}"), url)
+                report.deleted += 1
+    return report
+
+
+def search(
+    ctx: typer.Context,
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    collection: CollectionOption,
+    k: Annotated[int, typer.Option("-k", min=1, max=100, help="How many results.")] = 5,
+    mode: Annotated[str, typer.Option("--mode", help="hybrid, dense or sparse.")] = "hybrid",
+    as_json: JsonOption = False,
+) -> None:
+    """Search a collection; prints the best chunks (``--json``: ``{"results": [...]}``)."""
+    env: KnowledgeCliEnv = ctx.obj
+    if mode not in ("hybrid", "dense", "sparse"):
+        raise KnowledgeError(f"--mode must be hybrid, dense or sparse, not {mode!r}")
+    if not query.strip():
+        raise KnowledgeError("the query is empty")
+
+    async def run() -> list[dict[str, Any]]:
+        try:
+            opened = env.open_knowledge()
+            knowledge = await opened.__aenter__()
+        except StoreLockedError as exc:
+            url = env.server_url()
+            if url is None:
+                raise KnowledgeError(f"{exc}; no Switchyard server is registered for this data directory") from None
+            async with httpx.AsyncClient(base_url=url, headers=_headers(), timeout=60) as client:
+                body = {"query": query, "k": k, "mode": mode}
+                return list(_check(await client.post(f"/v1/collections/{collection}/search", json=body), url)["results"])
+        try:
+            hits = await knowledge.search(collection, query, k=k, mode=mode)  # type: ignore[arg-type]
+            return [hit.json() for hit in hits]
+        finally:
+            await opened.__aexit__(None, None, None)
+
+    results = asyncio.run(run())
+    if as_json:
+        typer.echo(json.dumps({"results": results}, ensure_ascii=False))
+        return
+    if not results:
+        typer.echo("no results")
+    for rank, hit in enumerate(results, start=1):
+        text = " ".join(hit["text"].split())
+        typer.echo(f"{rank}. {hit['doc_id']} ({hit['chunk_id']}) score={hit['score']:.4f}\n   {text[:200]}")

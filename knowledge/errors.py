@@ -1,0 +1,76 @@
+"""The knowledge layer's errors: one root, `KnowledgeError`, with subclasses that
+carry what a caller needs to say what went wrong."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DocumentParseError",
+    "EmbeddingError",
+    "InvalidCollectionNameError",
+    "KnowledgeError",
+    "StoreLockedError",
+    "UnknownCollectionError",
+]
+
+
+class KnowledgeError(Exception):
+    """Root of the knowledge layer's errors."""
+
+
+class UnknownCollectionError(KnowledgeError):
+    """No collection of that name.
+
+    Attributes:
+        name: the collection asked for.
+        known: the collections that exist.
+    """
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        listed = ", ".join(sorted(known)) or "none yet; ingest documents to create one"
+        super().__init__(f"unknown collection {name!r} (collections: {listed})")
+
+
+class InvalidCollectionNameError(KnowledgeError):
+    """A collection name outside ``[A-Za-z0-9_-]{1,64}``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"invalid collection name {name!r}: use 1 to 64 letters, digits, '_' or '-'"
+        )
+
+
+class DocumentParseError(KnowledgeError):
+    """A source file could not be turned into text.
+
+    Attributes:
+        source: the file (or record) that failed.
+        reason: why.
+    """
+
+    def __init__(self, source: str, reason: str) -> None:
+        self.source = source
+        self.reason = reason
+        super().__init__(f"{source}: {reason}")
+
+
+class EmbeddingError(KnowledgeError):
+    """The embedder failed (model missing, backend down, wrong dimensions)."""
+
+
+class StoreLockedError(KnowledgeError):
+    """The embedded vector store's directory is in use by another process (Qdrant's
+    local mode allows one process per directory).
+
+    Attributes:
+        path: the directory.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"the vector store at {path} is in use by another process (Qdrant local mode "
+            "allows one process per data directory)"
+        )

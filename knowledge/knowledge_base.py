@@ -1,0 +1,134 @@
+"""`KnowledgeBase`: the knowledge layer's facade (ingest, search, delete, list), and
+`open_knowledge`, which builds it from settings."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from knowledge.chunking import Chunker
+from knowledge.embeddings.base import Embedder
+from knowledge.embeddings.sparse import SparseEncoder
+from knowledge.errors import DocumentParseError, KnowledgeError, UnknownCollectionError
+from knowledge.ingestion.pipeline import Ingestor, Progress
+from knowledge.models import Document, IngestReport, SearchHit
+from knowledge.settings import KnowledgeSettings
+from knowledge.vectorstore.base import CollectionInfo, SearchFilter, SearchMode, VectorStore
+from knowledge.vectorstore.qdrant import QdrantStore, valid_collection_name
+
+if TYPE_CHECKING:
+    from gateway import ModelGateway
+
+__all__ = ["KnowledgeBase", "build_embedder", "open_knowledge"]
+
+log = logging.getLogger(__name__)
+
+
+class KnowledgeBase:
+    """Collections of documents, searchable by meaning (dense), by words (sparse) or
+    both (hybrid, fused by reciprocal rank)."""
+
+    def __init__(self, store: VectorStore, embedder: Embedder, settings: KnowledgeSettings) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.settings = settings
+        self.sparse = SparseEncoder(average_terms=settings.chunking.max_tokens * 0.75)
+        self.chunker = Chunker(
+            embedder.count_tokens,
+            max_tokens=settings.chunking.max_tokens,
+            overlap_tokens=settings.chunking.overlap_tokens,
+        )
+        self._ingestor = Ingestor(store, embedder, self.chunker, self.sparse, batch_chunks=max(64, settings.embedder.batch_size))
+
+    async def ingest(
+        self,
+        collection: str,
+        items: Iterable[Document | DocumentParseError],
+        *,
+        delete_missing: bool = False,
+        tenant: str | None = None,
+        progress: Progress | None = None,
+    ) -> IngestReport:
+        """Add, update or skip each document (by content hash); see `Ingestor`."""
+        valid_collection_name(collection)
+        return await self._ingestor.ingest(
+            collection, items, delete_missing=delete_missing, tenant=tenant, progress=progress
+        )
+
+    async def search(
+        self,
+        collection: str,
+        query: str,
+        *,
+        k: int | None = None,
+        mode: SearchMode | None = None,
+        where: SearchFilter | None = None,
+    ) -> list[SearchHit]:
+        """The best chunks for ``query``.
+
+        Raises:
+            KnowledgeError: an empty query.
+            UnknownCollectionError: no such collection.
+        """
+        if not query.strip():
+            raise KnowledgeError("the query is empty")
+        retrieval = self.settings.retrieval
+        mode = mode or retrieval.mode
+        if not await self.store.has_collection(collection):
+            raise UnknownCollectionError(collection, [c.name for c in await self.store.collections()])
+        # The dense vector also scores every hit's relevance, whatever the mode.
+        dense = await self.embedder.embed_query(query)
+        sparse = self.sparse.query(query) if mode != "dense" else None
+        return await self.store.search(
+            collection,
+            dense=dense,
+            sparse=sparse,
+            mode=mode,
+            k=k or retrieval.k,
+            candidates=max(retrieval.candidates, k or retrieval.k),
+            where=where,
+        )
+
+    async def delete(self, collection: str, doc_id: str) -> bool:
+        return await self.store.delete_document(collection, doc_id)
+
+    async def collections(self) -> list[CollectionInfo]:
+        return await self.store.collections()
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+        await self.embedder.aclose()
+
+
+def build_embedder(settings: KnowledgeSettings, gateway: ModelGateway | None) -> Embedder:
+    """The configured embedder.
+
+    Raises:
+        EmbeddingError: the model is not installed, or the backend cannot embed.
+    """
+    config = settings.embedder
+    if config.kind == "openai":
+        from knowledge.embeddings.openai import GatewayEmbedder
+
+        if gateway is None or not config.alias:
+            raise KnowledgeError("knowledge.embedder.kind 'openai' needs knowledge.embedder.alias and the model gateway")
+        return GatewayEmbedder(gateway, config.alias, batch_size=config.batch_size, dimensions=config.dimensions)
+    from knowledge.embeddings.local import LocalEmbedder
+
+    return LocalEmbedder.packaged(config.model, batch_size=config.batch_size)
+
+
+def open_knowledge(settings: KnowledgeSettings, data_dir: Path, gateway: ModelGateway | None = None) -> KnowledgeBase:
+    """Open the vector store and the embedder.
+
+    Raises:
+        StoreLockedError: local mode's directory is in use by another process.
+        EmbeddingError: the embedder cannot be loaded.
+    """
+    embedder = build_embedder(settings, gateway)
+    store = QdrantStore(
+        path=settings.qdrant_path or data_dir / "qdrant", url=settings.qdrant_url, api_key=settings.qdrant_api_key
+    )
+    return KnowledgeBase(store, embedder, settings)

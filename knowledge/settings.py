@@ -1,0 +1,71 @@
+"""The ``knowledge`` section of ``config/switchyard.yaml``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ChunkingSettings", "EmbedderSettings", "KnowledgeSettings", "RetrievalSettings"]
+
+
+class EmbedderSettings(BaseModel):
+    """Which model turns text into vectors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["local", "openai"] = "local"
+    """``local``: the model shipped in a PyPI package, on the CPU, offline.
+    ``openai``: an OpenAI-compatible ``/v1/embeddings`` backend of the gateway (vLLM or
+    TEI serving an embedding model), named by ``alias``."""
+    model: str = "use-multilingual-v3"
+    """``local``: the packaged model (`knowledge.embeddings.local.PACKAGED_MODELS`)."""
+    alias: str | None = None
+    """``openai``: the model alias or backend id in the model registry."""
+    batch_size: int = Field(default=32, ge=1, le=1024)
+    dimensions: int | None = None
+    """``openai``: the vectors' size, if the backend does not say (checked on first use)."""
+
+
+class ChunkingSettings(BaseModel):
+    """How documents are cut into chunks, in the embedder's tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(default=200, ge=16, le=8192)
+    """Chunk size, in the embedder's tokens (the SentencePiece pieces of the default model)."""
+    overlap_tokens: int = Field(default=40, ge=0)
+    """Tokens repeated from the end of one chunk at the start of the next."""
+
+
+class RetrievalSettings(BaseModel):
+    """Defaults for searches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["hybrid", "dense", "sparse"] = "hybrid"
+    k: int = Field(default=5, ge=1, le=100)
+    candidates: int = Field(default=30, ge=1, le=1000)
+    """Per vector kind, before fusion."""
+
+
+class KnowledgeSettings(BaseModel):
+    """Where vectors live and how documents become them.
+
+    Override from the environment with ``SWITCHYARD_KNOWLEDGE__<FIELD>``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    qdrant_url: str | None = None
+    """A Qdrant server (``http://host:6333``). Unset: Qdrant's local mode in
+    ``qdrant_path``, one process per directory."""
+    qdrant_path: Path | None = None
+    """Local mode's directory; default ``<data_dir>/qdrant``."""
+    qdrant_api_key: str | None = None
+    default_collection: str = "default"
+    """What the ``rag`` graph searches when a request names no collection."""
+    embedder: EmbedderSettings = EmbedderSettings()
+    chunking: ChunkingSettings = ChunkingSettings()
+    retrieval: RetrievalSettings = RetrievalSettings()
