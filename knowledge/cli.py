@@ -26,6 +26,7 @@ import typer
 
 from knowledge.errors import DocumentParseError, KnowledgeError, StoreLockedError
 from knowledge.ingestion.loaders import discover, load_file
+from knowledge.ingestion.pipeline import same_source
 from knowledge.knowledge_base import KnowledgeBase
 from knowledge.models import Document, IngestReport
 
@@ -180,7 +181,7 @@ async def _ingest_through(
             keep = {d.id for d in documents}
             for stored in listed["documents"]:
                 source = stored.get("source") or ""
-                if stored["doc_id"] in keep or any(source == s or source.startswith(s + ":") for s in failed_sources):
+                if stored["doc_id"] in keep or any(same_source(source, s) for s in failed_sources):
                     continue
                 _check(await client.delete(f"/v1/collections/{collection}/documents/{stored['doc_id']}"), url)
                 report.deleted += 1

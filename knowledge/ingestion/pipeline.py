@@ -11,6 +11,7 @@ in one batch.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from knowledge.errors import DocumentParseError, KnowledgeError
 from knowledge.models import Chunk, Document, IngestReport
 from knowledge.vectorstore.base import VectorStore
 
-__all__ = ["Ingestor", "Progress"]
+__all__ = ["Ingestor", "Progress", "same_source"]
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class Ingestor:
 
         if delete_missing:
             for doc_id, stored in existing.items():
-                if doc_id in seen or any(_same_source(stored.source, s) for s in failed_sources):
+                if doc_id in seen or any(same_source(stored.source, s) for s in failed_sources):
                     continue  # still there, or in a source that could not be read this time
                 await self._store.delete_document(collection, doc_id)
                 report.deleted += 1
@@ -145,7 +146,11 @@ class Ingestor:
                 note(p.document.id, "added")
 
 
-def _same_source(stored: str, failed: str) -> bool:
-    """A stored document came from a source that failed to load this time (a file,
-    or a record ``file:line`` of it)."""
-    return bool(stored) and (stored == failed or stored.startswith(failed + ":") or failed.startswith(stored + ":"))
+def same_source(stored: str, failed: str) -> bool:
+    """A stored document came from a file that failed to load this time, in whole or
+    in one of its records (sources of records are ``file:line``)."""
+    return bool(stored) and _file_of(stored) == _file_of(failed)
+
+
+def _file_of(source: str) -> str:
+    return re.sub(r":\d+$", "", source)
