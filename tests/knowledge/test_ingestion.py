@@ -22,7 +22,7 @@ from knowledge import (
 from knowledge.cli import _items
 from knowledge.embeddings.local import LocalEmbedder
 from knowledge.errors import InvalidCollectionNameError
-from knowledge.vectorstore.qdrant import QdrantStore
+from knowledge.vectorstore.qdrant import _WRITE_BATCH, QdrantStore
 
 from tests.knowledge.conftest import CORPUS
 
@@ -92,11 +92,12 @@ async def test_a_failure_half_way_keeps_the_previous_version_and_leaves_no_orpha
 ) -> None:
     settings = KnowledgeSettings()
     good = KnowledgeBase(store, embedder, settings)
-    long_text = "\n\n".join(f"Paragraph {i}: the Verrin lighthouse lamp number {i} burns whale-free oil." for i in range(300))
+    # Enough chunks for several write batches: the first batches land, a later one fails.
+    long_text = "\n\n".join(f"Paragraph {i}: the Verrin lighthouse lamp number {i} burns whale-free oil." for i in range(2400))
     await good.ingest("c", [Document(id="lamps", text=long_text)])
     live = _points(store, "c")
-    assert len(live) > 300 // 10
-    broken = KnowledgeBase(store, _FailingEmbedder(embedder, good=len(live) // 2), settings)  # type: ignore[arg-type]
+    assert len(live) > _WRITE_BATCH + 10
+    broken = KnowledgeBase(store, _FailingEmbedder(embedder, good=_WRITE_BATCH + 5), settings)  # type: ignore[arg-type]
     report = await broken.ingest("c", [Document(id="lamps", text=long_text + "\n\nA new closing paragraph.")])
     assert report.failed == 1 and "storing failed" in report.errors[0]["reason"]
     assert sorted(str(p.id) for p in _points(store, "c")) == sorted(str(p.id) for p in live)  # no orphans
