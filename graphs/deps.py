@@ -7,6 +7,8 @@ from typing import Protocol
 
 from langchain_core.language_models import BaseChatModel
 
+from knowledge import KnowledgeBase
+
 __all__ = ["ChatModelProvider", "GraphDeps"]
 
 
@@ -31,3 +33,5 @@ class GraphDeps:
     """The chat model for the model alias declared next to the graph in the config."""
     models: ChatModelProvider
     """Other aliases, for graphs that use more than one model."""
+    knowledge: KnowledgeBase | None = None
+    """The knowledge base (collections, search), for retrieval graphs."""

@@ -31,6 +31,7 @@ from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from knowledge import KnowledgeBase
 from graphs.deps import ChatModelProvider, GraphDeps
 from graphs.errors import GraphLoadError, UnknownGraphError
 
@@ -134,12 +135,15 @@ class GraphRegistry:
         self._graphs = dict(graphs)
 
     @classmethod
-    def load(cls, specs: Mapping[str, GraphSpec], models: ChatModelProvider) -> GraphRegistry:
+    def load(
+        cls, specs: Mapping[str, GraphSpec], models: ChatModelProvider, *, knowledge: KnowledgeBase | None = None
+    ) -> GraphRegistry:
         """Import, build and compile each configured graph.
 
         Args:
             specs: graph id -> entry, from the ``graphs`` config section.
             models: the provider of chat models by alias (the gateway).
+            knowledge: the knowledge base, for retrieval graphs.
 
         Raises:
             GraphLoadError: naming the first graph that failed and why (bad id, unknown
@@ -153,7 +157,7 @@ class GraphRegistry:
                 model = models.chat_model(spec.model)
             except Exception as exc:  # the gateway's UnknownModelError, reported per graph
                 raise GraphLoadError(graph_id, spec.path, f"model: {exc}") from exc
-            deps = GraphDeps(graph_id=graph_id, model=model, models=models)
+            deps = GraphDeps(graph_id=graph_id, model=model, models=models, knowledge=knowledge)
             graph = _compile(graph_id, spec, load_target(graph_id, spec.path), deps)
             loaded[graph_id] = RegisteredGraph(graph_id=graph_id, spec=spec, graph=graph)
         return cls(loaded)

@@ -101,6 +101,12 @@ class KnowledgeBase:
         await self.store.aclose()
         await self.embedder.aclose()
 
+    def close_now(self) -> None:
+        """Release the store from synchronous code (a failed start-up)."""
+        closer = getattr(self.store, "close_now", None)
+        if closer is not None:
+            closer()
+
 
 def build_embedder(settings: KnowledgeSettings, gateway: ModelGateway | None) -> Embedder:
     """The configured embedder.

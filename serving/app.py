@@ -27,6 +27,7 @@ from serving.deps import require_key
 from serving.langgraph_api.router import open_router as langgraph_open_router
 from serving.langgraph_api.router import router as langgraph_router
 from serving.langgraph_api.service import LangGraphService
+from serving.knowledge_api.router import router as knowledge_router
 from serving.openai.router import router as openai_router
 from serving.openai.service import ChatCompletionService
 from serving.persistence import open_thread_stores
@@ -114,6 +115,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so even a 413 has an id
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(knowledge_router)
     app.include_router(langgraph_router)
     app.include_router(langgraph_open_router)
 

@@ -64,7 +64,8 @@ class TenantSettings(BaseModel):
     tools: tuple[str, ...] = ("*",)
     """Tools the tenant's runs may call (enforced by the tools layer)."""
     collections: tuple[str, ...] = ("*",)
-    """Knowledge collections the tenant may read (enforced by the knowledge layer)."""
+    """Knowledge collections the tenant may use (``/v1/collections`` and retrieval
+    graphs; ``*``: all)."""
     blocked_terms: tuple[str, ...] = ()
     """Sensitive terms refused in this tenant's input (on top of the global list)."""
     output_redact_terms: tuple[str, ...] = ()
@@ -72,6 +73,9 @@ class TenantSettings(BaseModel):
     output_block_terms: tuple[str, ...] = ()
     """Terms that stop this tenant's answers (on top of the global list)."""
     limits: TenantLimits = TenantLimits()
+
+    def allows_collection(self, name: str) -> bool:
+        return "*" in self.collections or name in self.collections
 
     def allows_graph(self, graph_id: str) -> bool:
         return "*" in self.graphs or graph_id in self.graphs

@@ -1,12 +1,13 @@
 """The ``switchyard`` command: the CLI's composition root.
 
 Sub-commands live next to the package they drive (``gateway/cli.py``: ``backend``;
-``graphs/cli.py``: ``graphs``, ``ask``) and get their settings and clients from the
+``graphs/cli.py``: ``graphs``, ``ask``; ``knowledge/cli.py``: ``ingest``, ``search``) and get their settings and clients from the
 `CliEnv` object put in the Typer context here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -18,11 +19,13 @@ from typing import Annotated, Any
 import typer
 import uvicorn
 
-from gateway import GatewayError, GatewaySettings
+from gateway import GatewayError, GatewaySettings, ModelGateway, load_registry
 from gateway.cli import backend_app
 from gateway.local import start_backend, stop_backend
 from graphs import GraphError, GraphRegistry, GraphSpec
 from graphs.cli import ask, graphs_app
+from knowledge import KnowledgeBase, KnowledgeError, open_knowledge
+from knowledge.cli import ingest, search
 from serving.app import create_app
 from serving.audit import verify
 from serving.auth import create_key, load_keys
@@ -58,6 +61,31 @@ class CliEnv:
 
     def graph_specs(self) -> Mapping[str, GraphSpec]:
         return self.settings.graphs
+
+    @asynccontextmanager
+    async def open_knowledge(self) -> AsyncIterator[KnowledgeBase]:
+        settings = self.settings
+        gateway = None
+        if settings.knowledge.embedder.kind == "openai":  # only then is the model registry needed
+            gateway = ModelGateway(load_registry(settings.gateway.models_file), probe_timeout_s=settings.gateway.probe_timeout_s)
+        try:
+            knowledge = open_knowledge(settings.knowledge, settings.data_dir, gateway)
+            try:
+                yield knowledge
+            finally:
+                await knowledge.aclose()
+        finally:
+            if gateway is not None:
+                await gateway.aclose()
+
+    def server_url(self) -> str | None:
+        """The server registered in ``<data_dir>/run/server.json``, if it is alive."""
+        try:
+            record = json.loads((self.settings.data_dir / "run" / "server.json").read_text())
+            os.kill(int(record["pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return str(record["url"])
 
     @asynccontextmanager
     async def open_graphs(self) -> AsyncIterator[GraphRegistry]:
@@ -103,6 +131,7 @@ def serve(
     (settings.data_dir / "logs").mkdir(exist_ok=True)
     configure_logging(settings.log_level, str(settings.data_dir / "logs" / "switchyard.log"), fmt=settings.log_format)
     platform = Platform.build(settings)
+    registration = _register_server(settings)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found
     # installed. Make that handler an exception, so the `finally` below still stops
     # the backend this command started (also when the signal comes during start-up).
@@ -136,9 +165,21 @@ def serve(
         )
         _DrainingServer(config, api.state.drain).run()
     finally:
+        registration.unlink(missing_ok=True)
         for backend in started:
             typer.echo(f"stopping local backend {backend.id}")
             stop_backend(backend, settings.data_dir)
+
+
+def _register_server(settings: Settings) -> Path:
+    """Say which server holds this data directory (CLI commands that need its
+    embedded stores go through it); removed when the server stops."""
+    run = settings.data_dir / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    path = run / "server.json"
+    host = settings.server.host if settings.server.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    path.write_text(json.dumps({"url": f"http://{host}:{settings.server.port}", "pid": os.getpid()}))
+    return path
 
 
 class _DrainingServer(uvicorn.Server):
@@ -201,6 +242,8 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(backend_app, name="backend")
 app.add_typer(graphs_app, name="graphs")
 app.command("ask")(ask)
+app.command("ingest")(ingest)
+app.command("search")(search)
 
 
 def main() -> None:
@@ -215,7 +258,7 @@ def main() -> None:
         sys.path.insert(0, os.getcwd())
     try:
         app()
-    except (ConfigError, GatewayError, GraphError, ServingError) as exc:
+    except (ConfigError, GatewayError, GraphError, KnowledgeError, ServingError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise SystemExit(1) from None
 

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import BackendResponseError, BackendUnavailableError, CapabilityError, GatewayError, UnknownModelError
 from graphs import GraphError, UnknownGraphError
+from knowledge import EmbeddingError, InvalidCollectionNameError, KnowledgeError, UnknownCollectionError
 from serving._tasks import RunDeadlineError
 from serving.observability import REQUEST_ID_HEADER, current_request_id
 from serving.openai.protocol import ErrorBody, ErrorResponse
@@ -88,6 +89,14 @@ def to_api_error(exc: BaseException) -> ApiError:
             # The backend refused the request itself (e.g. prompt longer than the context).
             return ApiError(status=400, message=str(exc), type="invalid_request_error", code="backend_rejected")
         return ApiError(status=502, message=str(exc), type="backend_error", code="backend_error")
+    if isinstance(exc, UnknownCollectionError):
+        return ApiError(status=404, message=str(exc), type="invalid_request_error", param="collection", code="collection_not_found")
+    if isinstance(exc, InvalidCollectionNameError):
+        return ApiError(status=400, message=str(exc), type="invalid_request_error", param="collection", code="invalid_value")
+    if isinstance(exc, EmbeddingError):
+        return ApiError(status=503, message=str(exc), type="backend_unavailable", code="embedder_unavailable")
+    if isinstance(exc, KnowledgeError):
+        return ApiError(status=400, message=str(exc), type="invalid_request_error", code="knowledge_error")
     if isinstance(exc, GraphError):
         return ApiError(status=500, message=str(exc), type="graph_error", code="graph_error")
     log.error("unhandled error", exc_info=exc)
@@ -170,6 +179,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ClientDisconnectedError, on_client_gone)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    for domain in (GatewayError, GraphError, RequestError, ServingError, RunDeadlineError):
+    for domain in (GatewayError, GraphError, KnowledgeError, RequestError, ServingError, RunDeadlineError):
         app.add_exception_handler(domain, on_domain_error)
     app.add_exception_handler(Exception, on_unexpected)

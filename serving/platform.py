@@ -1,4 +1,4 @@
-"""The composition root's object graph: settings -> gateway -> graphs.
+"""The composition root's object graph: settings -> gateway -> knowledge -> graphs.
 
 Built once by the server's lifespan, by CLI commands and by test fixtures; never at
 import time.
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from gateway import ModelGateway, load_registry
 from graphs import GraphRegistry
+from knowledge import KnowledgeBase, open_knowledge
 from serving.settings import Settings
 
 __all__ = ["Platform"]
@@ -21,19 +22,27 @@ class Platform:
 
     settings: Settings
     gateway: ModelGateway
+    knowledge: KnowledgeBase
     graphs: GraphRegistry
 
     @classmethod
     def build(cls, settings: Settings) -> Platform:
-        """Load the model registry and every configured graph.
+        """Load the model registry, open the knowledge base, build every configured graph.
 
         Raises:
             RegistryError: the model registry is invalid.
+            StoreLockedError: the vector store's directory is in use by another process.
+            EmbeddingError: the embedder cannot be loaded.
             GraphLoadError: a graph cannot be imported or built.
         """
         gateway = ModelGateway(load_registry(settings.gateway.models_file), probe_timeout_s=settings.gateway.probe_timeout_s)
-        graphs = GraphRegistry.load(settings.graphs, gateway)
-        return cls(settings=settings, gateway=gateway, graphs=graphs)
+        knowledge = open_knowledge(settings.knowledge, settings.data_dir, gateway)
+        try:
+            graphs = GraphRegistry.load(settings.graphs, gateway, knowledge=knowledge)
+        except BaseException:
+            knowledge.close_now()
+            raise
+        return cls(settings=settings, gateway=gateway, knowledge=knowledge, graphs=graphs)
 
     def graph_backends(self) -> list[str]:
         """Ids of the backends the registered graphs call (what readiness waits for)."""
@@ -41,4 +50,5 @@ class Platform:
         return sorted(ids)
 
     async def aclose(self) -> None:
+        await self.knowledge.aclose()
         await self.gateway.aclose()

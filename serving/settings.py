@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from gateway import GatewaySettings
 from graphs import GraphSpec
+from knowledge import KnowledgeSettings
 from serving.auth import AuthSettings
 from serving.guardrails import GuardrailSettings
 from serving.persistence import ThreadSettings
@@ -117,6 +118,9 @@ class Settings(BaseSettings):
     threads: ThreadSettings = ThreadSettings()
     """Where threads persist: SQLite in the data directory, or PostgreSQL."""
     guardrails: GuardrailSettings = GuardrailSettings()
+    knowledge: KnowledgeSettings = KnowledgeSettings()
+    """The vector store (Qdrant local mode in the data directory, or a server), the
+    embedder, chunking and retrieval defaults."""
     tracing: TracingSettings = TracingSettings()
     """OpenTelemetry spans per request, run, node, model and tool call (off by default)."""
     """The input filter's global list of sensitive terms."""

@@ -366,6 +366,14 @@ class QdrantStore:
             await asyncio.to_thread(_locked(self._lock, local.close))
 
 
+    def close_now(self) -> None:
+        """Close local mode from synchronous code (releases the directory's lock)."""
+        if self._local is not None:
+            local, self._local = self._local, None
+            with self._lock:
+                local.close()
+
+
 def _locked(lock: threading.Lock, fn: Callable[[], T]) -> Callable[[], T]:
     def run() -> T:
         with lock:

@@ -1,0 +1,103 @@
+"""Routes of the collections API. A tenant sees and uses only the collections its
+``collections`` allow-list names (403 otherwise); documents uploaded here record the
+uploading tenant."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from knowledge import Document, KnowledgeBase, SearchFilter
+from serving.auth import Principal
+from serving.deps import PrincipalDep, require_key
+from serving.errors import ServingError
+from serving.knowledge_api.protocol import (
+    CollectionList,
+    CollectionOut,
+    DocumentList,
+    DocumentOut,
+    SearchRequest,
+    SearchResponse,
+    SearchResult,
+    UploadRequest,
+    UploadResponse,
+)
+
+__all__ = ["router"]
+
+
+async def _knowledge(request: Request) -> KnowledgeBase:
+    knowledge: KnowledgeBase = request.app.state.platform.knowledge
+    return knowledge
+
+
+KnowledgeDep = Annotated[KnowledgeBase, Depends(_knowledge)]
+
+router = APIRouter(prefix="/v1/collections", tags=["knowledge"], dependencies=[require_key])
+
+
+def _allowed(principal: Principal, name: str) -> None:
+    if not principal.settings.allows_collection(name):
+        raise ServingError(403, f"tenant {principal.tenant!r} may not use collection {name!r}")
+
+
+@router.get("", response_model=CollectionList)
+async def list_collections(knowledge: KnowledgeDep, principal: PrincipalDep) -> CollectionList:
+    """The collections the caller may use, with their sizes and embedder."""
+    collections = await knowledge.collections()
+    return CollectionList(
+        data=[
+            CollectionOut(name=c.name, documents=c.documents, chunks=c.chunks, embedder=c.embedder, dimensions=c.dimensions)
+            for c in collections
+            if principal.settings.allows_collection(c.name)
+        ]
+    )
+
+
+@router.get("/{name}/documents", response_model=DocumentList, responses={404: {"description": "No such collection"}})
+async def list_documents(name: str, knowledge: KnowledgeDep, principal: PrincipalDep) -> DocumentList:
+    """The documents of a collection and their stored versions."""
+    _allowed(principal, name)
+    stored = await knowledge.store.documents(name)
+    return DocumentList(
+        documents=[
+            DocumentOut(doc_id=d.doc_id, version=d.version, chunks=d.chunks, source=d.source, title=d.title)
+            for d in sorted(stored.values(), key=lambda d: d.doc_id)
+        ]
+    )
+
+
+@router.post("/{name}/documents", response_model=UploadResponse)
+async def upload_documents(name: str, body: UploadRequest, knowledge: KnowledgeDep, principal: PrincipalDep) -> UploadResponse:
+    """Add or update documents (created on first upload). Idempotent: an unchanged
+    document is skipped; a changed one replaces its old chunks as a whole."""
+    _allowed(principal, name)
+    documents = [
+        Document(id=d.id, text=d.text, title=d.title, source=d.source or "upload", metadata=d.metadata, format=d.format)
+        for d in body.documents
+    ]
+    report = await knowledge.ingest(name, documents, tenant=principal.tenant)
+    return UploadResponse(**report.model_dump())
+
+
+@router.delete(
+    "/{name}/documents/{doc_id:path}", status_code=204, responses={404: {"description": "No such collection or document"}}
+)
+async def delete_document(name: str, doc_id: str, knowledge: KnowledgeDep, principal: PrincipalDep) -> None:
+    """Remove a document and its chunks."""
+    _allowed(principal, name)
+    if not await knowledge.delete(name, doc_id):
+        raise ServingError(404, f"document {doc_id!r} not found in collection {name!r}")
+
+
+@router.post("/{name}/search", response_model=SearchResponse, responses={404: {"description": "No such collection"}})
+async def search(name: str, body: SearchRequest, knowledge: KnowledgeDep, principal: PrincipalDep) -> SearchResponse:
+    """The best chunks for a query (hybrid by default: dense and BM25-style sparse,
+    fused by reciprocal rank)."""
+    _allowed(principal, name)
+    where = None
+    if body.filter is not None:
+        where = SearchFilter(doc_ids=body.filter.doc_ids, tags=body.filter.tags, metadata=dict(body.filter.metadata))
+    hits = await knowledge.search(name, body.query, k=body.k, mode=body.mode, where=where)
+    return SearchResponse(results=[SearchResult(**hit.json()) for hit in hits])
