@@ -8,11 +8,12 @@ from graphs.context import RunContext
 from graphs.deps import ChatModelProvider, GraphDeps
 from graphs.errors import GraphError, GraphLoadError, UnknownGraphError
 from graphs.guards import OutputBlockedError, OutputPolicy, StreamGuard, checked
-from graphs.events import Finish, GraphEvent, TextDelta, ToolCallDelta, message_events
+from graphs.events import Citations, Finish, GraphEvent, TextDelta, ToolCallDelta, message_events
 from graphs.registry import GraphRegistry, GraphSpec, RegisteredGraph
 
 __all__ = [
     "ChatModelProvider",
+    "Citations",
     "Finish",
     "GraphDeps",
     "GraphError",

@@ -22,6 +22,13 @@ class RunContext:
     model_params: dict[str, Any] = field(default_factory=dict)
     """Sampling parameters from the request (``temperature``, ``max_tokens``, ``stop``,
     ``top_p``, ``seed``...), bound onto the model call with ``.bind(**model_params)``."""
+    collection: str | None = None
+    """The knowledge collection a retrieval graph searches (default: the knowledge
+    base's ``default_collection``)."""
+    tenant: str | None = None
+    """The caller's tenant (``None``: a local, single-user run)."""
+    allowed_collections: tuple[str, ...] = ("*",)
+    """Collections the caller's tenant may use (``*``: all); retrieval nodes refuse others."""
     output_policy: OutputPolicy | None = None
     """What to redact or block in the run's answers (`graphs.guards`); set by the
     serving layer from the global and the tenant's lists."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 
-__all__ = ["Finish", "GraphEvent", "TextDelta", "ToolCallDelta", "message_events"]
+__all__ = ["Citations", "Finish", "GraphEvent", "TextDelta", "ToolCallDelta", "message_events"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,7 +47,15 @@ class Finish:
     completion_tokens: int
 
 
-GraphEvent = TextDelta | ToolCallDelta | Finish
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Citations:
+    """The sources a retrieval graph will give the model (its ``sources`` state key),
+    numbered as the answer cites them; sent before the answer."""
+
+    sources: list[dict[str, Any]]
+
+
+GraphEvent = TextDelta | ToolCallDelta | Finish | Citations
 
 
 def _text(message: BaseMessage) -> str:
@@ -56,7 +64,8 @@ def _text(message: BaseMessage) -> str:
 
 
 async def message_events(parts: AsyncIterator[dict[str, Any]]) -> AsyncIterator[GraphEvent]:
-    """Map a v2 ``messages`` stream to `GraphEvent` values, ending with one `Finish`.
+    """Map a v2 ``messages`` (and ``updates``) stream to `GraphEvent` values, ending
+    with one `Finish`. A node update with ``sources`` (retrieval graphs) is `Citations`.
 
     Only AI messages are answer text; tool results and echoed inputs are not. A node
     that returns a whole ``AIMessage`` without streaming still yields its text once.
@@ -65,6 +74,11 @@ async def message_events(parts: AsyncIterator[dict[str, Any]]) -> AsyncIterator[
     reason = "stop"
     prompt_tokens = completion_tokens = 0
     async for part in parts:
+        if part["type"] == "updates":
+            for update in (part["data"] or {}).values():
+                if isinstance(update, dict) and update.get("sources"):
+                    yield Citations(sources=list(update["sources"]))
+            continue
         if part["type"] != "messages":
             continue
         message, metadata = part["data"]

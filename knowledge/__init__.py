@@ -5,6 +5,7 @@ Sits on ``gateway`` (an embedding backend can be a model alias); ``tools`` and
 """
 
 from knowledge.errors import (
+    CollectionNotAllowedError,
     DocumentParseError,
     EmbeddingError,
     InvalidCollectionNameError,
@@ -20,6 +21,7 @@ from knowledge.vectorstore.base import CollectionInfo, SearchFilter, SearchMode,
 __all__ = [
     "Chunk",
     "CollectionInfo",
+    "CollectionNotAllowedError",
     "Document",
     "DocumentParseError",
     "EmbeddingError",

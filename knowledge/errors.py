@@ -4,6 +4,7 @@ carry what a caller needs to say what went wrong."""
 from __future__ import annotations
 
 __all__ = [
+    "CollectionNotAllowedError",
     "DocumentParseError",
     "EmbeddingError",
     "InvalidCollectionNameError",
@@ -30,6 +31,15 @@ class UnknownCollectionError(KnowledgeError):
         self.known = known
         listed = ", ".join(sorted(known)) or "none yet; ingest documents to create one"
         super().__init__(f"unknown collection {name!r} (collections: {listed})")
+
+
+class CollectionNotAllowedError(KnowledgeError):
+    """The caller's tenant may not use this collection."""
+
+    def __init__(self, name: str, tenant: str | None) -> None:
+        self.name = name
+        self.tenant = tenant
+        super().__init__(f"tenant {tenant!r} may not use collection {name!r}")
 
 
 class InvalidCollectionNameError(KnowledgeError):

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import BackendResponseError, BackendUnavailableError, CapabilityError, GatewayError, UnknownModelError
 from graphs import GraphError, UnknownGraphError
-from knowledge import EmbeddingError, InvalidCollectionNameError, KnowledgeError, UnknownCollectionError
+from knowledge import CollectionNotAllowedError, EmbeddingError, InvalidCollectionNameError, KnowledgeError, UnknownCollectionError
 from serving._tasks import RunDeadlineError
 from serving.observability import REQUEST_ID_HEADER, current_request_id
 from serving.openai.protocol import ErrorBody, ErrorResponse
@@ -89,6 +89,8 @@ def to_api_error(exc: BaseException) -> ApiError:
             # The backend refused the request itself (e.g. prompt longer than the context).
             return ApiError(status=400, message=str(exc), type="invalid_request_error", code="backend_rejected")
         return ApiError(status=502, message=str(exc), type="backend_error", code="backend_error")
+    if isinstance(exc, CollectionNotAllowedError):
+        return ApiError(status=403, message=str(exc), type="permission_error", param="collection", code="collection_not_allowed")
     if isinstance(exc, UnknownCollectionError):
         return ApiError(status=404, message=str(exc), type="invalid_request_error", param="collection", code="collection_not_found")
     if isinstance(exc, InvalidCollectionNameError):
@@ -138,7 +140,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         message, param = _validation_message(exc)
-        error = ApiError(status=400, message=message, type="invalid_request_error", param=param, code="invalid_value")
+        # OpenAI answers a malformed request with 400; FastAPI (the LangGraph Server,
+        # our collections API) with 422.
+        openai_route = request.url.path.startswith("/v1/") and not request.url.path.startswith("/v1/collections")
+        status = 400 if openai_route else 422
+        error = ApiError(status=status, message=message, type="invalid_request_error", param=param, code="invalid_value")
         return _response(request, error)
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:

@@ -91,7 +91,12 @@ def _default_graphs() -> dict[str, GraphSpec]:
             path="graphs.chat:make_graph",
             model="chat-default",
             description="Chat with the default model; answers stream token by token.",
-        )
+        ),
+        "rag": GraphSpec(
+            path="graphs.rag:make_graph",
+            model="chat-default",
+            description="Answers from a knowledge collection, with numbered citations.",
+        ),
     }
 
 

@@ -90,7 +90,7 @@ async def sse_frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[st
             yield frame("error", stop_error(exc), index + 1)
 
 
-_SERVER_CONTEXT = frozenset({"request_id", "output_policy"})
+_SERVER_CONTEXT = frozenset({"request_id", "output_policy", "tenant", "allowed_collections"})
 """Run-context fields the server sets; a request cannot."""
 
 
@@ -427,6 +427,8 @@ class LangGraphService:
         context = RunContext(
             **{k: v for k, v in (body.context or {}).items() if k in context_fields and k not in _SERVER_CONTEXT},
             request_id=request_id,
+            tenant=principal.tenant,
+            allowed_collections=tuple(principal.settings.collections),
             output_policy=guard.policy,
         )
         modes = body.modes()

@@ -78,6 +78,9 @@ class ChatCompletionRequest(OpenAIBaseModel):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     user: str | None = None
+    collection: str | None = Field(default=None, min_length=1, max_length=64)
+    """Switchyard extension, for retrieval graphs (``rag``): the knowledge collection to
+    search (default: ``knowledge.default_collection``)."""
 
     def completion_limit(self) -> int | None:
         """``max_completion_tokens``, or the legacy ``max_tokens``."""
@@ -110,6 +113,20 @@ class Choice(BaseModel):
     logprobs: dict[str, Any] | None = None
 
 
+class Citation(BaseModel):
+    """A source a retrieval graph gave the model: ``[index]`` in the answer."""
+
+    index: int
+    doc_id: str
+    chunk_id: str
+    title: str | None = None
+    source: str = ""
+    heading: str = ""
+    text: str
+    relevance: float
+    """Cosine similarity of the chunk to the question."""
+
+
 class ChatCompletion(BaseModel):
     """A whole (non-streamed) answer."""
 
@@ -119,6 +136,16 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[Choice]
     usage: Usage | None = None
+    citations: list[Citation] | None = None
+    """Switchyard extension: the sources of a retrieval graph's answer, numbered as the
+    answer cites them (absent for other graphs and aliases)."""
+
+    @model_serializer(mode="wrap")
+    def _drop_no_citations(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("citations") is None:
+            data.pop("citations", None)
+        return data
 
 
 class Delta(BaseModel):
@@ -150,12 +177,17 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChunkChoice]
     usage: Usage | None = None
     """Only on the last chunk (omitted elsewhere)."""
+    citations: list[Citation] | None = None
+    """Switchyard extension: a retrieval graph's sources, on one chunk (empty delta)
+    sent before the answer's first token (omitted elsewhere)."""
 
     @model_serializer(mode="wrap")
     def _drop_empty_usage(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if data.get("usage") is None:
             data.pop("usage", None)
+        if data.get("citations") is None:
+            data.pop("citations", None)
         return data
 
 

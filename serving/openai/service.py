@@ -21,6 +21,7 @@ from langchain_core.messages import BaseMessage, convert_to_messages
 
 from gateway import BackendResponseError, BackendUnavailableError, ModelGateway
 from graphs import (
+    Citations,
     Finish,
     GraphEvent,
     GraphRegistry,
@@ -45,6 +46,7 @@ from serving.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     Choice,
+    Citation,
     ChunkChoice,
     Delta,
     ModelCard,
@@ -201,14 +203,22 @@ class ChatCompletionService:
         deadline_s: float | None,
         span: RunSpan,
         policy: OutputPolicy | None,
+        principal: Principal,
     ) -> AsyncIterator[GraphEvent]:
         """Start the graph run for a request; its events, in the caller's task."""
         graph = self._graphs.get(request.model).graph
         stream = graph.astream(
             {"messages": _to_langchain(request.messages)},
             {"callbacks": span.callbacks} if span.callbacks else None,
-            context=RunContext(request_id=request_id, model_params=request.sampling_params(), output_policy=policy),
-            stream_mode=["messages"],
+            context=RunContext(
+                request_id=request_id,
+                model_params=request.sampling_params(),
+                collection=request.collection,
+                tenant=principal.tenant,
+                allowed_collections=tuple(principal.settings.collections),
+                output_policy=policy,
+            ),
+            stream_mode=["messages", "updates"],
             version="v2",
         )
         return with_deadline(message_events(stream), deadline_s)
@@ -230,7 +240,7 @@ class ChatCompletionService:
         usage: dict[str, int] = {}
         guard = OutputGuard(self._guardrails.output_policy(principal))
         events = (
-            self._graph_chunks(request, request_id, deadline_s, usage, span, guard)
+            self._graph_chunks(request, request_id, deadline_s, usage, span, guard, principal)
             if kind == "graph"
             else self._alias_chunks(request, deadline_s, usage, guard)
         )
@@ -314,12 +324,13 @@ class ChatCompletionService:
         usage: dict[str, int],
         span: RunSpan,
         guard: OutputGuard,
+        principal: Principal,
     ) -> AsyncIterator[str]:
         encoder = _ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.model)
         set_run_id(encoder.completion_id)
         span.set(**{"switchyard.run_id": encoder.completion_id})
         role_sent = False
-        events = self._run_events(request, request_id, deadline_s, span, guard.policy)
+        events = self._run_events(request, request_id, deadline_s, span, guard.policy, principal)
         async with aclosing(events) as events:
             try:
                 async for chunk in self._encode_graph_events(events, encoder, request, usage, guard):
@@ -354,6 +365,15 @@ class ChatCompletionService:
                 if event.name:
                     call["function"]["name"] = event.name
                 yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
+            elif isinstance(event, Citations):
+                chunk = ChatCompletionChunk(
+                    id=encoder.completion_id,
+                    created=encoder.created,
+                    model=encoder.model,
+                    choices=[ChunkChoice(delta=Delta())],
+                    citations=[Citation(**c) for c in event.sources],
+                )
+                yield chunk.model_dump_json()
             elif isinstance(event, Finish):
                 if rest := guard.flush(0):
                     yield encoder.content(rest)
@@ -434,7 +454,7 @@ class ChatCompletionService:
                 if guard.active:
                     _check_alias_answer(answer, guard)
             else:
-                answer = await self._complete_graph(request, request_id, deadline_s, span, guard)
+                answer = await self._complete_graph(request, request_id, deadline_s, span, guard, principal)
                 tokens = answer.usage.completion_tokens if answer.usage else 0
             outcome = "blocked" if guard.blocked else "ok"
             return answer
@@ -454,14 +474,24 @@ class ChatCompletionService:
             span.end(outcome, error)
 
     async def _complete_graph(
-        self, request: ChatCompletionRequest, request_id: str, deadline_s: float | None, span: RunSpan, guard: OutputGuard
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        deadline_s: float | None,
+        span: RunSpan,
+        guard: OutputGuard,
+        principal: Principal,
     ) -> ChatCompletion:
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish = Finish(reason="stop", prompt_tokens=0, completion_tokens=0)
-        async with aclosing(self._run_events(request, request_id, deadline_s, span, guard.policy)) as events:
+        citations: list[Citation] | None = None
+        events = self._run_events(request, request_id, deadline_s, span, guard.policy, principal)
+        async with aclosing(events) as events:
             async for event in events:
-                if isinstance(event, TextDelta):
+                if isinstance(event, Citations):
+                    citations = [Citation(**c) for c in event.sources]
+                elif isinstance(event, TextDelta):
                     text.append(event.text)
                 elif isinstance(event, ToolCallDelta):
                     call = calls.setdefault(
@@ -485,4 +515,5 @@ class ChatCompletionService:
             model=request.model,
             choices=[Choice(message=message, finish_reason=reason)],
             usage=_usage(finish.prompt_tokens, finish.completion_tokens),
+            citations=citations,
         )
