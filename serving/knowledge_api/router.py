@@ -4,7 +4,7 @@ uploading tenant."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
@@ -12,6 +12,7 @@ from knowledge import Document, KnowledgeBase, SearchFilter
 from serving.auth import Principal
 from serving.deps import PrincipalDep, require_key
 from serving.errors import ServingError
+from serving.openai.protocol import ErrorResponse
 from serving.knowledge_api.protocol import (
     CollectionList,
     CollectionOut,
@@ -34,7 +35,21 @@ async def _knowledge(request: Request) -> KnowledgeBase:
 
 KnowledgeDep = Annotated[KnowledgeBase, Depends(_knowledge)]
 
-router = APIRouter(prefix="/v1/collections", tags=["knowledge"], dependencies=[require_key])
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": description}
+    for code, description in {
+        400: "Invalid collection name, or a request the knowledge base refuses",
+        401: "Missing or invalid API key",
+        403: "The tenant may not use this collection",
+        404: "Unknown collection (the message lists the existing ones) or document",
+        413: "Request body too large",
+        422: "Invalid request (names the field): an empty query, a malformed document",
+        429: "Rate or concurrency limit (see Retry-After)",
+        503: "The embedder is unavailable",
+    }.items()
+}
+
+router = APIRouter(prefix="/v1/collections", tags=["knowledge"], dependencies=[require_key], responses=_ERRORS)
 
 
 def _allowed(principal: Principal, name: str) -> None:
@@ -55,7 +70,7 @@ async def list_collections(knowledge: KnowledgeDep, principal: PrincipalDep) -> 
     )
 
 
-@router.get("/{name}/documents", response_model=DocumentList, responses={404: {"description": "No such collection"}})
+@router.get("/{name}/documents", response_model=DocumentList)
 async def list_documents(name: str, knowledge: KnowledgeDep, principal: PrincipalDep) -> DocumentList:
     """The documents of a collection and their stored versions."""
     _allowed(principal, name)
@@ -82,8 +97,7 @@ async def upload_documents(name: str, body: UploadRequest, knowledge: KnowledgeD
 
 
 @router.delete(
-    "/{name}/documents/{doc_id:path}", status_code=204, responses={404: {"description": "No such collection or document"}}
-)
+    "/{name}/documents/{doc_id:path}", status_code=204)
 async def delete_document(name: str, doc_id: str, knowledge: KnowledgeDep, principal: PrincipalDep) -> None:
     """Remove a document and its chunks."""
     _allowed(principal, name)
@@ -91,7 +105,7 @@ async def delete_document(name: str, doc_id: str, knowledge: KnowledgeDep, princ
         raise ServingError(404, f"document {doc_id!r} not found in collection {name!r}")
 
 
-@router.post("/{name}/search", response_model=SearchResponse, responses={404: {"description": "No such collection"}})
+@router.post("/{name}/search", response_model=SearchResponse)
 async def search(name: str, body: SearchRequest, knowledge: KnowledgeDep, principal: PrincipalDep) -> SearchResponse:
     """The best chunks for a query (hybrid by default: dense and BM25-style sparse,
     fused by reciprocal rank)."""

@@ -37,12 +37,13 @@ async def _deadline_in_state(request: Request, deadline_s: DeadlineDep) -> None:
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": Detail, "description": description}
     for status, description in {
-        400: "Invalid request (names the field)",
+        400: "Refused: an unsupported option, or the input filter",
         401: "Missing or invalid API key",
-        403: "The tenant may not use this graph",
+        403: "The tenant may not use this graph (or collection)",
         404: "Unknown assistant or thread (another tenant's thread is 404 too)",
         409: "Thread exists, or has a run in progress",
         413: "Request body too large",
+        422: "Invalid request (names the field)",
         429: "Rate or concurrency limit (see Retry-After)",
     }.items()
 }

@@ -26,6 +26,8 @@ def test_schema_is_valid_and_complete(server: ServerHandle) -> None:
         "/healthz", "/readyz", "/metrics", "/ok", "/info", "/threads/{thread_id}/runs",
         "/threads/{thread_id}/runs/{run_id}", "/threads/{thread_id}/runs/{run_id}/stream",
         "/threads/{thread_id}/runs/{run_id}/join", "/threads/{thread_id}/runs/{run_id}/cancel",
+        "/v1/collections", "/v1/collections/{name}/documents", "/v1/collections/{name}/documents/{doc_id}",
+        "/v1/collections/{name}/search",
     }
     for path, method, op in operations:
         responses = op["responses"]
