@@ -31,6 +31,16 @@ async def open_chat(
     request = client.build_request(
         "POST", f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {api_key}", "Accept-Encoding": "identity"}
     )
+    return await _send(client, backend_id, request)
+
+
+async def _send(client: httpx.AsyncClient, backend_id: str, request: httpx.Request) -> httpx.Response:
+    """Send ``request`` and return the open response once its status is 200.
+
+    Raises:
+        BackendUnavailableError: no connection, or no answer in time.
+        BackendResponseError: an error status; the backend's own message is kept.
+    """
     try:
         response = await client.send(request, stream=True)
     except httpx.TimeoutException as exc:
@@ -129,18 +139,4 @@ async def post_json(
         BackendResponseError: an error status, or an answer that is not a JSON object.
     """
     request = client.build_request("POST", url, json=payload, headers={"Authorization": f"Bearer {api_key}"})
-    try:
-        response = await client.send(request, stream=True)
-    except httpx.TimeoutException as exc:
-        raise BackendUnavailableError(backend_id, f"timed out ({exc.__class__.__name__})") from exc
-    except httpx.HTTPError as exc:
-        raise BackendUnavailableError(backend_id, f"{exc.__class__.__name__}: {exc}") from exc
-    if response.status_code != 200:
-        body = (await response.aread()).decode(errors="replace")
-        await response.aclose()
-        try:
-            detail = str(json.loads(body)["error"]["message"])
-        except (ValueError, KeyError, TypeError):
-            detail = body[:300]
-        raise BackendResponseError(backend_id, response.status_code, detail)
-    return await read_json(response, backend_id)
+    return await read_json(await _send(client, backend_id, request), backend_id)

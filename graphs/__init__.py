@@ -8,7 +8,7 @@ from graphs.context import RunContext
 from graphs.deps import ChatModelProvider, GraphDeps
 from graphs.errors import GraphError, GraphLoadError, UnknownGraphError
 from graphs.guards import OutputBlockedError, OutputPolicy, StreamGuard, checked
-from graphs.events import Citations, Finish, GraphEvent, TextDelta, ToolCallDelta, message_events
+from graphs.events import Citations, Finish, GraphEvent, TextDelta, ToolCallDelta, ToolResult, message_events
 from graphs.registry import GraphRegistry, GraphSpec, RegisteredGraph
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "StreamGuard",
     "TextDelta",
     "ToolCallDelta",
+    "ToolResult",
     "UnknownGraphError",
     "checked",
     "message_events",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from graphs.guards import OutputPolicy
@@ -29,6 +30,13 @@ class RunContext:
     """The caller's tenant (``None``: a local, single-user run)."""
     allowed_collections: tuple[str, ...] = ("*",)
     """Collections the caller's tenant may use (``*``: all); retrieval nodes refuse others."""
+    allowed_tools: tuple[str, ...] = ("*",)
+    """Tools the caller's tenant may use (``*``: all); intersected with the graph's."""
+    approvals: bool = False
+    """Whether a person can answer an approval (a run on a thread of the LangGraph API
+    can; a stateless run cannot: calls that need approval are then refused)."""
+    on_tool_call: Callable[[Any], None] | None = None
+    """Receives a `tools.ToolCallRecord` for every tool-call attempt (the audit log)."""
     output_policy: OutputPolicy | None = None
     """What to redact or block in the run's answers (`graphs.guards`); set by the
     serving layer from the global and the tenant's lists."""

@@ -8,6 +8,7 @@ from typing import Protocol
 from langchain_core.language_models import BaseChatModel
 
 from knowledge import KnowledgeBase
+from tools import ToolRegistry
 
 __all__ = ["ChatModelProvider", "GraphDeps"]
 
@@ -35,3 +36,7 @@ class GraphDeps:
     """Other aliases, for graphs that use more than one model."""
     knowledge: KnowledgeBase | None = None
     """The knowledge base (collections, search), for retrieval graphs."""
+    tools: ToolRegistry | None = None
+    """The tools that exist, for tool-calling graphs."""
+    tool_names: tuple[str, ...] = ()
+    """The graph's own tool allow-list (``graphs.<id>.tools`` in the config)."""

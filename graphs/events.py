@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import json
 from typing import Any
 
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
 
-__all__ = ["Citations", "Finish", "GraphEvent", "TextDelta", "ToolCallDelta", "message_events"]
+__all__ = ["Citations", "Finish", "GraphEvent", "TextDelta", "ToolCallDelta", "ToolResult", "message_events"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +55,18 @@ class Citations:
     sources: list[dict[str, Any]]
 
 
-GraphEvent = TextDelta | ToolCallDelta | Finish | Citations
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResult:
+    """What an executed (or refused) tool call returned to the model."""
+
+    tool_call_id: str
+    name: str
+    content: str
+    status: str
+    """``success``, or ``error`` for a refused, timed-out or failed call."""
+
+
+GraphEvent = TextDelta | ToolCallDelta | Finish | Citations | ToolResult
 
 
 def _text(message: BaseMessage) -> str:
@@ -82,6 +93,10 @@ async def message_events(parts: AsyncIterator[dict[str, Any]]) -> AsyncIterator[
         if part["type"] != "messages":
             continue
         message, metadata = part["data"]
+        if isinstance(message, ToolMessage):
+            content = message.content if isinstance(message.content, str) else str(message.content)
+            yield ToolResult(tool_call_id=message.tool_call_id, name=message.name or "", content=content, status=message.status)
+            continue
         if not isinstance(message, AIMessage):
             continue
         node = metadata.get("langgraph_node", "")

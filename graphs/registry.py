@@ -32,6 +32,7 @@ from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from knowledge import KnowledgeBase
+from tools import ToolRegistry
 from graphs.deps import ChatModelProvider, GraphDeps
 from graphs.errors import GraphLoadError, UnknownGraphError
 
@@ -52,7 +53,7 @@ class GraphSpec(BaseModel):
     description: str = ""
     """Shown by ``switchyard graphs list`` and the API."""
     tools: tuple[str, ...] = Field(default=())
-    """Tools the graph may call (enforced by the tools layer once it exists)."""
+    """Tools the graph may call (``*``: all), intersected with the caller's tenant's."""
 
     @field_validator("path")
     @classmethod
@@ -136,7 +137,12 @@ class GraphRegistry:
 
     @classmethod
     def load(
-        cls, specs: Mapping[str, GraphSpec], models: ChatModelProvider, *, knowledge: KnowledgeBase | None = None
+        cls,
+        specs: Mapping[str, GraphSpec],
+        models: ChatModelProvider,
+        *,
+        knowledge: KnowledgeBase | None = None,
+        tools: ToolRegistry | None = None,
     ) -> GraphRegistry:
         """Import, build and compile each configured graph.
 
@@ -144,6 +150,7 @@ class GraphRegistry:
             specs: graph id -> entry, from the ``graphs`` config section.
             models: the provider of chat models by alias (the gateway).
             knowledge: the knowledge base, for retrieval graphs.
+            tools: the tool registry, for tool-calling graphs.
 
         Raises:
             GraphLoadError: naming the first graph that failed and why (bad id, unknown
@@ -157,7 +164,9 @@ class GraphRegistry:
                 model = models.chat_model(spec.model)
             except Exception as exc:  # the gateway's UnknownModelError, reported per graph
                 raise GraphLoadError(graph_id, spec.path, f"model: {exc}") from exc
-            deps = GraphDeps(graph_id=graph_id, model=model, models=models, knowledge=knowledge)
+            deps = GraphDeps(
+                graph_id=graph_id, model=model, models=models, knowledge=knowledge, tools=tools, tool_names=tuple(spec.tools)
+            )
             graph = _compile(graph_id, spec, load_target(graph_id, spec.path), deps)
             loaded[graph_id] = RegisteredGraph(graph_id=graph_id, spec=spec, graph=graph)
         return cls(loaded)

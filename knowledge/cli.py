@@ -16,8 +16,8 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -82,25 +82,14 @@ def ingest(
     show_bar = sys.stderr.isatty()
 
     async def run() -> IngestReport:
-        try:
-            opened = env.open_knowledge()
-            knowledge = await opened.__aenter__()
-        except StoreLockedError as exc:
-            url = env.server_url()
-            if url is None:
-                raise KnowledgeError(
-                    f"{exc}; no Switchyard server is registered for this data directory, so the documents "
-                    "cannot go through one: stop the process that holds it, or start `switchyard serve`"
-                ) from None
-            typer.echo(f"the vector store is held by the server at {url}; sending the documents through it", err=True)
-            return await _ingest_through(url, collection, items, delete_missing)
-        try:
+        async with _local_or_server(env) as target:
+            if isinstance(target, str):
+                typer.echo(f"the vector store is held by the server at {target}; sending the documents through it", err=True)
+                return await _ingest_through(target, collection, items, delete_missing)
             with typer.progressbar(length=documents, label="ingesting", file=sys.stderr) if show_bar else _NoBar() as bar:
-                return await knowledge.ingest(
+                return await target.ingest(
                     collection, items, delete_missing=delete_missing, progress=lambda doc_id, outcome: bar.update(1)
                 )
-        finally:
-            await opened.__aexit__(None, None, None)
 
     report = asyncio.run(run())
     if as_json:
@@ -114,6 +103,31 @@ def ingest(
             typer.echo(f"  failed: {error['source']}: {error['reason']}", err=True)
     if report.failed:
         raise SystemExit(2)
+
+
+@asynccontextmanager
+async def _local_or_server(env: KnowledgeCliEnv) -> AsyncIterator[KnowledgeBase | str]:
+    """The knowledge base, opened here; or, when a server holds its store, that
+    server's URL."""
+    opened = env.open_knowledge()
+    locked: StoreLockedError | None = None
+    try:
+        knowledge = await opened.__aenter__()
+    except StoreLockedError as exc:
+        locked = exc
+    if locked is not None:
+        url = env.server_url()
+        if url is None:
+            raise KnowledgeError(
+                f"{locked}; no Switchyard server is registered for this data directory to go through: stop the "
+                "process that holds it, or start `switchyard serve`"
+            )
+        yield url
+        return
+    try:
+        yield knowledge
+    finally:
+        await opened.__aexit__(None, None, None)
 
 
 class _NoBar:
@@ -204,21 +218,14 @@ def search(
         raise KnowledgeError("the query is empty")
 
     async def run() -> list[dict[str, Any]]:
-        try:
-            opened = env.open_knowledge()
-            knowledge = await opened.__aenter__()
-        except StoreLockedError as exc:
-            url = env.server_url()
-            if url is None:
-                raise KnowledgeError(f"{exc}; no Switchyard server is registered for this data directory") from None
-            async with httpx.AsyncClient(base_url=url, headers=_headers(), timeout=60) as client:
-                body = {"query": query, "k": k, "mode": mode}
-                return list(_check(await client.post(f"/v1/collections/{collection}/search", json=body), url)["results"])
-        try:
-            hits = await knowledge.search(collection, query, k=k, mode=mode)  # type: ignore[arg-type]
+        async with _local_or_server(env) as target:
+            if isinstance(target, str):
+                async with httpx.AsyncClient(base_url=target, headers=_headers(), timeout=60) as client:
+                    body = {"query": query, "k": k, "mode": mode}
+                    answer = await client.post(f"/v1/collections/{collection}/search", json=body)
+                    return list(_check(answer, target)["results"])
+            hits = await target.search(collection, query, k=k, mode=mode)  # type: ignore[arg-type]
             return [hit.json() for hit in hits]
-        finally:
-            await opened.__aexit__(None, None, None)
 
     results = asyncio.run(run())
     if as_json:

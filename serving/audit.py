@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AuditLog", "VerifyReport", "verify"]
+__all__ = ["AuditLog", "VerifyReport", "tool_call_sink", "verify"]
 
 GENESIS = "0" * 64
 
@@ -111,3 +112,24 @@ def verify(path: Path) -> VerifyReport:
                 return VerifyReport(records=good, problem=f"line {number}: record {seq} was altered")
             prev, expected, good = claimed, expected + 1, good + 1
     return VerifyReport(records=good)
+
+
+def tool_call_sink(audit: AuditLog, counter: Any, **fields: Any) -> Callable[[Any], None]:
+    """A run's receiver of `tools.ToolCallRecord`s: one ``tool_call`` audit record per
+    attempt (with ``fields``: request id, graph, tenant...) and the metric
+    ``switchyard_tool_calls_total{tool, decision}``."""
+
+    def record(call: Any) -> None:
+        counter.labels(call.tool, call.decision).inc()
+        audit.append(
+            "tool_call",
+            **fields,
+            tool=call.tool,
+            call_id=call.call_id,
+            args_hash=call.args_hash,
+            decision=call.decision,
+            reason=call.reason,
+            ms=call.duration_ms,
+        )
+
+    return record

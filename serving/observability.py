@@ -209,6 +209,10 @@ class ServingMetrics:
             "switchyard_rejections", "Requests refused by a limit (rate, key_runs, server_runs, body_size).",
             ["reason"], registry=self.registry,
         )
+        self.tool_calls = Counter(
+            "switchyard_tool_calls", "Tool-call attempts by tool and decision (executed, refused, timed_out, failed).",
+            ["tool", "decision"], registry=self.registry,
+        )
         self.output_checks = Counter(
             "switchyard_output_checks", "Answers changed by the output check, by kind and action (redacted, blocked).",
             ["kind", "action"], registry=self.registry,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from gateway import ModelGateway, load_registry
 from graphs import GraphRegistry
 from knowledge import KnowledgeBase, open_knowledge
+from tools import ToolRegistry
 from serving.settings import Settings
 
 __all__ = ["Platform"]
@@ -23,6 +24,7 @@ class Platform:
     settings: Settings
     gateway: ModelGateway
     knowledge: KnowledgeBase
+    tools: ToolRegistry
     graphs: GraphRegistry
 
     @classmethod
@@ -38,11 +40,12 @@ class Platform:
         gateway = ModelGateway(load_registry(settings.gateway.models_file), probe_timeout_s=settings.gateway.probe_timeout_s)
         knowledge = open_knowledge(settings.knowledge, settings.data_dir, gateway)
         try:
-            graphs = GraphRegistry.load(settings.graphs, gateway, knowledge=knowledge)
+            tools = ToolRegistry.builtin(settings.tools, knowledge)
+            graphs = GraphRegistry.load(settings.graphs, gateway, knowledge=knowledge, tools=tools)
         except BaseException:
             knowledge.close_now()
             raise
-        return cls(settings=settings, gateway=gateway, knowledge=knowledge, graphs=graphs)
+        return cls(settings=settings, gateway=gateway, knowledge=knowledge, tools=tools, graphs=graphs)
 
     def graph_backends(self) -> list[str]:
         """Ids of the backends the registered graphs call (what readiness waits for)."""

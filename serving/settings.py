@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gateway import GatewaySettings
 from graphs import GraphSpec
 from knowledge import KnowledgeSettings
+from tools import ToolsSettings
 from serving.auth import AuthSettings
 from serving.guardrails import GuardrailSettings
 from serving.persistence import ThreadSettings
@@ -97,6 +98,12 @@ def _default_graphs() -> dict[str, GraphSpec]:
             model="chat-default",
             description="Answers from a knowledge collection, with numbered citations.",
         ),
+        "agent": GraphSpec(
+            path="graphs.agent:make_graph",
+            model="chat-default",
+            description="A model that calls tools (calculator, clock, knowledge search) under the tool policy.",
+            tools=("calculator", "current_time", "knowledge_search"),
+        ),
     }
 
 
@@ -126,6 +133,8 @@ class Settings(BaseSettings):
     knowledge: KnowledgeSettings = KnowledgeSettings()
     """The vector store (Qdrant local mode in the data directory, or a server), the
     embedder, chunking and retrieval defaults."""
+    tools: ToolsSettings = ToolsSettings()
+    """Built-in tools' settings (``http_get``'s allow-list), approvals, per-run budgets."""
     tracing: TracingSettings = TracingSettings()
     """OpenTelemetry spans per request, run, node, model and tool call (off by default)."""
     """The input filter's global list of sensitive terms."""

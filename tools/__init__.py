@@ -1,5 +1,27 @@
 """Tools: a registry with enforced allow-lists, timeouts, budgets and approvals.
 
-Sits on ``knowledge``; ``graphs`` build on it. Empty until the tools issue lands: the
-package exists now so that the layer contract is enforced from the first commit.
+Sits on ``knowledge`` (``knowledge_search``); ``graphs`` build on it. A tool the
+policy does not allow is never executed: `ToolExecutor` is the only way a tool runs.
 """
+
+from tools.base import Tool, ToolContext
+from tools.errors import ToolError, UnknownToolError
+from tools.executor import ToolCallRecord, ToolDecision, ToolExecutor, args_hash
+from tools.policy import ToolPolicy
+from tools.registry import ToolRegistry
+from tools.settings import HttpGetSettings, ToolsSettings
+
+__all__ = [
+    "HttpGetSettings",
+    "Tool",
+    "ToolCallRecord",
+    "ToolContext",
+    "ToolDecision",
+    "ToolError",
+    "ToolExecutor",
+    "ToolPolicy",
+    "ToolRegistry",
+    "ToolsSettings",
+    "UnknownToolError",
+    "args_hash",
+]

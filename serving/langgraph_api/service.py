@@ -28,7 +28,7 @@ from gateway import BackendResponseError, BackendUnavailableError
 from graphs import GraphRegistry, OutputBlockedError, RegisteredGraph, RunContext
 from serving._tasks import RunCancelledError, RunDeadlineError, guarded
 from serving.langgraph_api.runs import RunRecord, RunRegistry, RunStatus
-from serving.audit import AuditLog
+from serving.audit import AuditLog, tool_call_sink
 from serving.auth import Principal
 from serving.errors import ServingError
 from serving.guardrails import Guardrails, OutputGuard, message_texts
@@ -90,7 +90,9 @@ async def sse_frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[st
             yield frame("error", stop_error(exc), index + 1)
 
 
-_SERVER_CONTEXT = frozenset({"request_id", "output_policy", "tenant", "allowed_collections"})
+_SERVER_CONTEXT = frozenset(
+    {"request_id", "output_policy", "tenant", "allowed_collections", "allowed_tools", "approvals", "on_tool_call"}
+)
 """Run-context fields the server sets; a request cannot."""
 
 
@@ -328,6 +330,8 @@ class LangGraphService:
         if body.multitask_strategy == "rollback":
             raise ServingError(400, "multitask_strategy 'rollback' is not supported; use reject, interrupt or enqueue")
         stateless = thread_id is None
+        if stateless and body.command and "resume" in body.command:
+            raise ServingError(400, "command.resume answers an interrupt on a thread: use POST /threads/{thread_id}/runs")
         if stateless:
             thread_id = str(uuid.uuid4())
             if body.on_completion == "keep":
@@ -341,6 +345,12 @@ class LangGraphService:
                 created, _ = await self._threads.create(tenant=principal.tenant, thread_id=thread_id, graph_id=entry.graph_id)
                 if created is None:  # the id is another tenant's thread
                     raise ServingError(404, f"thread {thread_id!r} not found")
+                record = created
+            if body.command and "resume" in body.command and record.status != "interrupted":
+                # Answered already (a second resume of one interrupt), or never asked.
+                raise ServingError(
+                    409, f"thread {thread_id!r} has no interrupt waiting for an answer (its status is {record.status!r})"
+                )
             await self._make_way(thread_id, body.multitask_strategy, deadline_s)
         release = self._slots.acquire(principal)
         keep = not stateless or body.on_completion == "keep"
@@ -429,6 +439,12 @@ class LangGraphService:
             request_id=request_id,
             tenant=principal.tenant,
             allowed_collections=tuple(principal.settings.collections),
+            allowed_tools=tuple(principal.settings.tools),
+            approvals=keep,  # a thread can be resumed with the answer
+            on_tool_call=tool_call_sink(
+                self._audit, self._metrics.tool_calls, request_id=request_id, graph=entry.graph_id,
+                tenant=principal.tenant, key_id=principal.key_id, run_id=run.run_id,
+            ),
             output_policy=guard.policy,
         )
         modes = body.modes()

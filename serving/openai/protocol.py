@@ -127,6 +127,16 @@ class Citation(BaseModel):
     """Cosine similarity of the chunk to the question."""
 
 
+class ToolResultOut(BaseModel):
+    """What a tool call the graph executed (or refused) returned to the model."""
+
+    tool_call_id: str
+    name: str
+    content: str
+    status: str
+    """``success``, or ``error`` (refused, timed out, failed)."""
+
+
 class ChatCompletion(BaseModel):
     """A whole (non-streamed) answer."""
 
@@ -139,12 +149,16 @@ class ChatCompletion(BaseModel):
     citations: list[Citation] | None = None
     """Switchyard extension: the sources of a retrieval graph's answer, numbered as the
     answer cites them (absent for other graphs and aliases)."""
+    tool_results: list[ToolResultOut] | None = None
+    """Switchyard extension: the results of the tools a graph executed, in order
+    (absent when none ran). The model's calls are in ``message.tool_calls``."""
 
     @model_serializer(mode="wrap")
     def _drop_no_citations(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if data.get("citations") is None:
-            data.pop("citations", None)
+        for key in ("citations", "tool_results"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 
@@ -180,14 +194,16 @@ class ChatCompletionChunk(BaseModel):
     citations: list[Citation] | None = None
     """Switchyard extension: a retrieval graph's sources, on one chunk (empty delta)
     sent before the answer's first token (omitted elsewhere)."""
+    tool_results: list[ToolResultOut] | None = None
+    """Switchyard extension: a tool result, on its own chunk (empty delta) right after
+    the tool ran; the calls themselves stream as ``delta.tool_calls``."""
 
     @model_serializer(mode="wrap")
     def _drop_empty_usage(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if data.get("usage") is None:
-            data.pop("usage", None)
-        if data.get("citations") is None:
-            data.pop("citations", None)
+        for key in ("usage", "citations", "tool_results"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 

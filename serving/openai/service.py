@@ -30,10 +30,11 @@ from graphs import (
     RunContext,
     TextDelta,
     ToolCallDelta,
+    ToolResult,
     message_events,
 )
 from serving._tasks import RunDeadlineError, with_deadline
-from serving.audit import AuditLog
+from serving.audit import AuditLog, tool_call_sink
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
 from serving.guardrails import Guardrails, OutputGuard, message_texts
@@ -52,6 +53,7 @@ from serving.openai.protocol import (
     ModelCard,
     ModelList,
     ResponseMessage,
+    ToolResultOut,
     Usage,
 )
 
@@ -121,6 +123,10 @@ def _guard_alias_chunk(chunk: dict[str, Any], guard: OutputGuard) -> dict[str, A
                 continue  # held back entirely
         choices.append({**choice, "delta": delta})
     return {**chunk, "choices": choices} if choices else None
+
+
+def _tool_result(event: ToolResult) -> ToolResultOut:
+    return ToolResultOut(tool_call_id=event.tool_call_id, name=event.name, content=event.content, status=event.status)
 
 
 def _check_alias_answer(answer: dict[str, Any], guard: OutputGuard) -> None:
@@ -216,6 +222,12 @@ class ChatCompletionService:
                 collection=request.collection,
                 tenant=principal.tenant,
                 allowed_collections=tuple(principal.settings.collections),
+                allowed_tools=tuple(principal.settings.tools),
+                approvals=False,  # a stateless run cannot be resumed with an answer
+                on_tool_call=tool_call_sink(
+                    self._audit, self._metrics.tool_calls, request_id=request_id, graph=request.model,
+                    tenant=principal.tenant, key_id=principal.key_id,
+                ),
                 output_policy=policy,
             ),
             stream_mode=["messages", "updates"],
@@ -365,6 +377,15 @@ class ChatCompletionService:
                 if event.name:
                     call["function"]["name"] = event.name
                 yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
+            elif isinstance(event, ToolResult):
+                chunk = ChatCompletionChunk(
+                    id=encoder.completion_id,
+                    created=encoder.created,
+                    model=encoder.model,
+                    choices=[ChunkChoice(delta=Delta())],
+                    tool_results=[_tool_result(event)],
+                )
+                yield chunk.model_dump_json()
             elif isinstance(event, Citations):
                 chunk = ChatCompletionChunk(
                     id=encoder.completion_id,
@@ -486,11 +507,14 @@ class ChatCompletionService:
         calls: dict[int, dict[str, Any]] = {}
         finish = Finish(reason="stop", prompt_tokens=0, completion_tokens=0)
         citations: list[Citation] | None = None
+        tool_results: list[ToolResultOut] = []
         events = self._run_events(request, request_id, deadline_s, span, guard.policy, principal)
         async with aclosing(events) as events:
             async for event in events:
                 if isinstance(event, Citations):
                     citations = [Citation(**c) for c in event.sources]
+                elif isinstance(event, ToolResult):
+                    tool_results.append(_tool_result(event))
                 elif isinstance(event, TextDelta):
                     text.append(event.text)
                 elif isinstance(event, ToolCallDelta):
@@ -516,4 +540,5 @@ class ChatCompletionService:
             choices=[Choice(message=message, finish_reason=reason)],
             usage=_usage(finish.prompt_tokens, finish.completion_tokens),
             citations=citations,
+            tool_results=tool_results or None,
         )

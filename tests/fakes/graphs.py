@@ -50,3 +50,58 @@ def make_confirm_graph(deps: GraphDeps) -> StateGraph[ChatState]:
     builder.add_edge("draft", "confirm")
     builder.add_edge("confirm", END)
     return builder
+
+
+# ---- tool-calling: tools that prove what ran ------------------------------------------
+
+PROBE_LOG_ENV = "SWITCHYARD_TEST_PROBE_LOG"
+"""Where the probe tools append a line each time they really run (set by the tests)."""
+
+
+def _probe_tools() -> list[Any]:
+    import asyncio
+    import os
+
+    from pydantic import BaseModel, Field
+
+    from tools import Tool, ToolContext
+
+    def mark(line: str) -> None:
+        with open(os.environ[PROBE_LOG_ENV], "a") as log:
+            log.write(line + "\n")
+
+    class ProbeArgs(BaseModel):
+        note: str = Field(max_length=100)
+
+    class NoArgs(BaseModel):
+        pass
+
+    async def probe(args: ProbeArgs, context: ToolContext) -> str:
+        mark(f"probe {args.note}")
+        return f"probe saw {args.note!r}"
+
+    async def sleepy(args: NoArgs, context: ToolContext) -> str:
+        await asyncio.sleep(30)
+        mark("sleepy finished")  # never reached: the executor cancels it at its timeout
+        return "slept"
+
+    async def boom(args: NoArgs, context: ToolContext) -> str:
+        mark("boom ran")
+        raise RuntimeError("the tool broke")
+
+    return [
+        Tool(name="probe", description="Records a note.", args_schema=ProbeArgs, run=probe),  # type: ignore[arg-type]
+        Tool(name="sleepy", description="Sleeps.", args_schema=NoArgs, run=sleepy, timeout_s=0.5),  # type: ignore[arg-type]
+        Tool(name="boom", description="Fails.", args_schema=NoArgs, run=boom),  # type: ignore[arg-type]
+    ]
+
+
+def make_probe_agent(deps: GraphDeps) -> StateGraph[Any]:
+    """The real ``agent`` graph with three more tools that write to a file when they
+    really run (so a test can prove a refused call did not)."""
+    from dataclasses import replace
+
+    from graphs.agent import make_graph
+
+    assert deps.tools is not None
+    return make_graph(replace(deps, tools=deps.tools.with_tools(*_probe_tools())))

@@ -8,6 +8,10 @@ also tested against the real local model. The behaviour is picked by the request
 - ``fake-ok``: streams "Hello from the fake" with usage, or answers it whole.
 - ``fake-break``: streams three content chunks, then drops the connection.
 - ``fake-500``: answers 500 with an OpenAI-shaped error body.
+- ``fake-tools``: forges tool calls a real model will not make on demand. The last
+  user message names the script (`TOOL_SCRIPTS`); while the conversation has no tool
+  result yet (or, for ``loop``, always) it answers with those calls, then as
+  ``fake-ok`` does. Streamed calls arrive as OpenAI ``tool_calls`` deltas.
 
 It records every request body in `RECEIVED`, so tests can check what reached it.
 """
@@ -49,10 +53,62 @@ class _DropConnection(Exception):
     pass
 
 
+TOOL_SCRIPTS: dict[str, list[tuple[str, str]]] = {
+    "disallowed": [("http_get", '{"url": "https://example.com/"}')],
+    "unknown": [("rm_rf", '{"path": "/"}')],
+    "malformed": [("probe", '{"note": "unterminated')],
+    "invalid-args": [("probe", '{"note": 42, "extra": true}')],
+    "probe": [("probe", '{"note": "hello"}')],
+    "sleepy": [("sleepy", "{}")],
+    "boom": [("boom", "{}")],
+    "loop": [("probe", '{"note": "again"}')],
+    "approval": [("calculator", '{"expression": "6 * 7"}')],
+}
+
+
+def _tool_turn(body: dict[str, object]) -> list[tuple[str, str]] | None:
+    messages = body.get("messages") or []
+    assert isinstance(messages, list)
+    user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+    script = str(user.get("content") or "").removeprefix("SCRIPT:").strip()
+    calls = TOOL_SCRIPTS.get(script)
+    answered = any(m.get("role") == "tool" for m in messages)
+    if calls is None or (answered and script != "loop"):
+        return None
+    return calls
+
+
+async def _tool_events(model: str, calls: list[tuple[str, str]]) -> AsyncIterator[str]:
+    yield _chunk(model, {"role": "assistant", "content": None})
+    for index, (name, arguments) in enumerate(calls):
+        call_id = f"call_{index}_{int(time.time() * 1000) % 100000}"
+        head = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        yield _chunk(model, {"tool_calls": [head]})
+        half = len(arguments) // 2
+        for part in (arguments[:half], arguments[half:]):
+            yield _chunk(model, {"tool_calls": [{"index": index, "function": {"arguments": part}}]})
+    yield _chunk(model, {}, "tool_calls")
+    yield "data: [DONE]\n\n"
+
+
 async def chat(request: Request) -> Response:
     body = await request.json()
     RECEIVED.append(body)
     model = body.get("model", "")
+    if model == "fake-tools" and (calls := _tool_turn(body)) is not None:
+        if body.get("stream"):
+            return StreamingResponse(_tool_events(model, calls), media_type="text/event-stream")
+        tool_calls = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}} for i, (n, a) in enumerate(calls)
+        ]
+        return JSONResponse({
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": tool_calls},
+                         "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
+        })
+    if model == "fake-tools":
+        model = "fake-ok"  # the plain answer below: "Hello from the fake"
     if model == "fake-500":
         return JSONResponse({"error": {"message": "scripted failure", "type": "server_error"}}, status_code=500)
     if not body.get("stream"):

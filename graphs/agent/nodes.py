@@ -1,0 +1,119 @@
+"""Nodes of the ``agent`` graph."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
+from langgraph.runtime import Runtime
+from langgraph.types import interrupt
+
+from graphs.agent.prompts import system_prompt
+from graphs.agent.state import AgentState
+from graphs.context import RunContext
+from graphs.guards import checked
+from tools import ToolContext, ToolExecutor, ToolPolicy, ToolRegistry
+
+__all__ = ["AgentNodes", "parse_approval"]
+
+
+def parse_approval(answer: Any) -> tuple[str, Any]:
+    """A person's answer to an approval: ``("approve", None)``, ``("edit", new args)``
+    or ``("reject", reason)``. Accepts ``{"action": ...}`` objects, or ``"approve"`` /
+    ``"reject"`` / booleans; anything else is a rejection that says so."""
+    if answer is True or answer in ("approve", "approved", "yes"):
+        return "approve", None
+    if answer is False or answer in ("reject", "rejected", "no"):
+        return "reject", "a person rejected this call"
+    if isinstance(answer, dict):
+        action = answer.get("action")
+        if action == "approve":
+            return "approve", None
+        if action == "edit" and isinstance(answer.get("args"), dict):
+            return "edit", answer["args"]
+        if action == "reject":
+            return "reject", f"a person rejected this call: {answer.get('reason') or 'no reason given'}"
+    return "reject", f"the approval answer {answer!r} was not understood, so the call was not made"
+
+
+class AgentNodes:
+    def __init__(self, model: BaseChatModel, registry: ToolRegistry, graph_tools: tuple[str, ...]) -> None:
+        self._model = model
+        self._registry = registry
+        self._graph_tools = graph_tools
+
+    def _executor(self, state: AgentState, runtime: Runtime[RunContext]) -> ToolExecutor:
+        context = runtime.context if runtime.context is not None else RunContext()
+        settings = self._registry.settings
+        policy = ToolPolicy.intersect(
+            self._graph_tools,
+            context.allowed_tools,
+            self._registry.names(),
+            max_tool_calls=settings.max_tool_calls,
+            max_steps=settings.max_steps,
+            require_approval=settings.require_approval,
+        )
+        tool_context = ToolContext(
+            tenant=context.tenant, collection=context.collection, allowed_collections=context.allowed_collections
+        )
+        return ToolExecutor(self._registry, policy, tool_context, context.on_tool_call, calls_made=state.get("tool_calls", 0))
+
+    def model(self) -> Any:
+        @checked
+        async def model(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+            executor = self._executor(state, runtime)
+            steps = state.get("steps", 0) + 1
+            # The last turn, or a spent call budget: no tools are offered, the model answers.
+            offered = [] if steps >= executor.policy.max_steps or executor.calls_made >= executor.policy.max_tool_calls else executor.allowed_tools()
+            context = runtime.context if runtime.context is not None else RunContext()
+            bound: Any = self._model.bind_tools([t.for_model() for t in offered]) if offered else self._model
+            if context.model_params:
+                bound = bound.bind(**context.model_params)
+            examples = [e for t in offered for e in t.examples]
+            conversation = [m for m in state["messages"] if not isinstance(m, SystemMessage)]
+            answer = await bound.ainvoke([SystemMessage(system_prompt(examples)), *conversation])
+            return {"messages": [answer], "steps": steps}
+
+        return model
+
+    async def tools(self, state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+        executor = self._executor(state, runtime)
+        context = runtime.context if runtime.context is not None else RunContext()
+        last = state["messages"][-1]
+        assert isinstance(last, AIMessage)
+        # Approvals come first, before anything runs: a resumed node starts over, so
+        # nothing may have been executed before an interrupt.
+        answers: dict[str, tuple[str, Any]] = {}
+        for call in last.tool_calls:
+            if executor.needs_approval(call["name"]) and context.approvals:
+                if executor.check(call["name"], call["args"])[2] is None:
+                    answer = interrupt(
+                        {"type": "tool_approval", "tool": call["name"], "args": call["args"], "tool_call_id": call["id"]}
+                    )
+                    answers[call["id"] or ""] = parse_approval(answer)
+        results: list[ToolMessage] = []
+        for bad in last.invalid_tool_calls:
+            executor.calls_made += 1
+            reason = f"the call could not be parsed ({bad.get('error') or 'malformed arguments'})"
+            results.append(executor.refuse(bad.get("id") or "", bad.get("name") or "?", bad.get("args") or "", reason))
+        for call in last.tool_calls:
+            call_id, name, args = call["id"] or "", call["name"], call["args"]
+            if executor.needs_approval(name) and not context.approvals:
+                executor.calls_made += 1
+                results.append(executor.refuse(call_id, name, args, f"{name!r} needs a person's approval, which this run cannot ask for"))
+                continue
+            action, detail = answers.get(call_id, ("approve", None))
+            if action == "reject":
+                executor.calls_made += 1
+                results.append(executor.refuse(call_id, name, args, str(detail)))
+                continue
+            if action == "edit":
+                args = detail
+            results.append(await executor.run(call_id, name, args))
+        return {"messages": results, "tool_calls": executor.calls_made}
+
+    async def out_of_steps(self, state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+        limit = self._registry.settings.max_steps
+        text = f"I stopped here: this run's budget of {limit} model turns is used up."
+        return {"messages": [AIMessage(text, response_metadata={"finish_reason": "stop"})]}

@@ -1,0 +1,34 @@
+"""The ``tools`` section of ``config/switchyard.yaml``."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["HttpGetSettings", "ToolsSettings"]
+
+
+class HttpGetSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allowed_domains: tuple[str, ...] = ()
+    """Hosts ``http_get`` may fetch (a domain allows its subdomains). Empty: none."""
+    max_bytes: int = Field(default=200_000, ge=1, le=10_000_000)
+    timeout_s: float = Field(default=10.0, gt=0)
+
+
+class ToolsSettings(BaseModel):
+    """Built-in tools' settings and the default per-run budgets.
+
+    Override from the environment with ``SWITCHYARD_TOOLS__<FIELD>``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    http_get: HttpGetSettings = HttpGetSettings()
+    require_approval: tuple[str, ...] = ()
+    """Tools whose every call waits for a person's approval (on top of the tools that
+    always do)."""
+    max_tool_calls: int = Field(default=8, ge=0, le=1000)
+    """Tool calls a run may make; past it, calls are refused and the model told so."""
+    max_steps: int = Field(default=6, ge=1, le=100)
+    """Model turns a run may take; the last one gets no tools and must answer."""
