@@ -26,6 +26,7 @@ from graphs import GraphError, GraphRegistry, GraphSpec
 from graphs.cli import ask, graphs_app
 from knowledge import KnowledgeBase, KnowledgeError, open_knowledge
 from knowledge.cli import ingest, search
+from tools import ToolError
 from serving.app import create_app
 from serving.audit import verify
 from serving.auth import create_key, load_keys
@@ -258,7 +259,7 @@ def main() -> None:
         sys.path.insert(0, os.getcwd())
     try:
         app()
-    except (ConfigError, GatewayError, GraphError, KnowledgeError, ServingError) as exc:
+    except (ConfigError, GatewayError, GraphError, KnowledgeError, ServingError, ToolError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise SystemExit(1) from None
 

@@ -30,10 +30,7 @@ class ToolRegistry:
                                                      timeout_s=settings.http_get.timeout_s)]
         if knowledge is not None:
             tools.append(knowledge_search(knowledge))
-        registry = cls(tools, settings)
-        for name in settings.require_approval:
-            registry.get(name)  # a typo in the config is named at start-up
-        return registry
+        return cls(tools, settings)
 
     def get(self, name: str) -> Tool:
         try:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, InvalidToolCall, SystemMessage, ToolMessage
+from langchain_core.messages.utils import message_chunk_to_message
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
@@ -35,6 +37,30 @@ def parse_approval(answer: Any) -> tuple[str, Any]:
         if action == "reject":
             return "reject", f"a person rejected this call: {answer.get('reason') or 'no reason given'}"
     return "reject", f"the approval answer {answer!r} was not understood, so the call was not made"
+
+
+def _strict(full: Any) -> AIMessage:
+    """The model's message, with every tool call whose arguments were not valid JSON
+    as sent moved to ``invalid_tool_calls``. (LangChain parses streamed arguments
+    leniently: ``{"a": "b`` would pass as ``{"a": "b"}``; the executor must refuse it.)"""
+    message = message_chunk_to_message(full) if isinstance(full, AIMessageChunk) else full
+    assert isinstance(message, AIMessage)
+    raw = {c.get("id"): c.get("args") for c in getattr(full, "tool_call_chunks", None) or []}
+    valid, invalid = [], list(message.invalid_tool_calls)
+    for call in message.tool_calls:
+        text = raw.get(call["id"])
+        if isinstance(text, str) and text.strip():
+            try:
+                json.loads(text)
+            except ValueError as exc:
+                invalid.append(
+                    InvalidToolCall(name=call["name"], args=text, id=call["id"], error=f"arguments are not valid JSON: {exc}")
+                )
+                continue
+        valid.append(call)
+    if len(valid) == len(message.tool_calls):
+        return message
+    return message.model_copy(update={"tool_calls": valid, "invalid_tool_calls": invalid})
 
 
 class AgentNodes:
@@ -72,8 +98,10 @@ class AgentNodes:
                 bound = bound.bind(**context.model_params)
             examples = [e for t in offered for e in t.examples]
             conversation = [m for m in state["messages"] if not isinstance(m, SystemMessage)]
-            answer = await bound.ainvoke([SystemMessage(system_prompt(examples)), *conversation])
-            return {"messages": [answer], "steps": steps}
+            full: Any = None
+            async for chunk in bound.astream([SystemMessage(system_prompt(examples)), *conversation]):
+                full = chunk if full is None else full + chunk
+            return {"messages": [_strict(full)], "steps": steps}
 
         return model
 
@@ -101,7 +129,8 @@ class AgentNodes:
             call_id, name, args = call["id"] or "", call["name"], call["args"]
             if executor.needs_approval(name) and not context.approvals:
                 executor.calls_made += 1
-                results.append(executor.refuse(call_id, name, args, f"{name!r} needs a person's approval, which this run cannot ask for"))
+                reason = executor.check(name, args)[2] or f"{name!r} needs a person's approval, which this run cannot ask for"
+                results.append(executor.refuse(call_id, name, args, reason))
                 continue
             action, detail = answers.get(call_id, ("approve", None))
             if action == "reject":

@@ -80,6 +80,10 @@ def _probe_tools() -> list[Any]:
         mark(f"probe {args.note}")
         return f"probe saw {args.note!r}"
 
+    async def tally(args: ProbeArgs, context: ToolContext) -> str:
+        mark("tally")
+        return "counted"
+
     async def sleepy(args: NoArgs, context: ToolContext) -> str:
         await asyncio.sleep(30)
         mark("sleepy finished")  # never reached: the executor cancels it at its timeout
@@ -91,13 +95,14 @@ def _probe_tools() -> list[Any]:
 
     return [
         Tool(name="probe", description="Records a note.", args_schema=ProbeArgs, run=probe),  # type: ignore[arg-type]
+        Tool(name="tally", description="Counts.", args_schema=ProbeArgs, run=tally),  # type: ignore[arg-type]
         Tool(name="sleepy", description="Sleeps.", args_schema=NoArgs, run=sleepy, timeout_s=0.5),  # type: ignore[arg-type]
         Tool(name="boom", description="Fails.", args_schema=NoArgs, run=boom),  # type: ignore[arg-type]
     ]
 
 
 def make_probe_agent(deps: GraphDeps) -> StateGraph[Any]:
-    """The real ``agent`` graph with three more tools that write to a file when they
+    """The real ``agent`` graph with four more tools that write to a file when they
     really run (so a test can prove a refused call did not)."""
     from dataclasses import replace
 

@@ -61,8 +61,8 @@ TOOL_SCRIPTS: dict[str, list[tuple[str, str]]] = {
     "probe": [("probe", '{"note": "hello"}')],
     "sleepy": [("sleepy", "{}")],
     "boom": [("boom", "{}")],
-    "loop": [("probe", '{"note": "again"}')],
-    "approval": [("calculator", '{"expression": "6 * 7"}')],
+    "calc": [("calculator", '{"expression": "6 * 7"}')],
+    "loop": [("tally", '{"note": "again"}')] * 10,
 }
 
 

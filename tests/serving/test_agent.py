@@ -1,0 +1,177 @@
+"""The ``agent`` graph under the tool policy, over both APIs.
+
+The FAKE scripted backend (tests/fakes) forges the calls a real model will not make
+on demand: a tool outside the graph's list, an unknown tool, malformed and invalid
+arguments, ten calls a turn in a loop, a tool that sleeps past its timeout, one that
+raises. The probe tools write a line to a file each time they really run, so a test
+can prove a refused call did not. Approvals pause a thread's run and resume through
+the LangGraph API. The real model runs the graph end to end too."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from langgraph_sdk import get_client
+from langgraph_sdk.errors import ConflictError
+
+from gateway import Backend
+from tests.conftest import ServerHandle, start_server, stop_server, write_models_file
+from tests.fakes.graphs import PROBE_LOG_ENV
+
+pytestmark = [pytest.mark.e2e, pytest.mark.llm]
+
+
+@pytest.fixture(scope="module")
+def agent_server(
+    tmp_path_factory: pytest.TempPathFactory, local_backend: Backend, fake_backend_url: str
+) -> Iterator[tuple[ServerHandle, Path]]:
+    tmp = tmp_path_factory.mktemp("agent")
+    probe_log = tmp / "probe.log"
+    probe_log.write_text("")
+    models = write_models_file(tmp / "models.yaml", local_backend, fake_backend_url)
+    registry = yaml.safe_load(models.read_text())
+    registry["backends"]["fake-tools"] = {**registry["backends"]["fake-ok"], "model": "fake-tools",
+                                          "capabilities": {"context_window": 4096, "tools": True}}
+    registry["aliases"]["fake-tools"] = "fake-tools"
+    models.write_text(yaml.safe_dump(registry))
+    handle = start_server(
+        tmp,
+        {
+            "gateway": {"models_file": str(models)},
+            "graphs": {
+                "agent": {"path": "graphs.agent:make_graph", "model": "chat-default", "tools": ["calculator", "current_time"]},
+                "agent-fake": {"path": "tests.fakes.graphs:make_probe_agent", "model": "fake-tools",
+                               "tools": ["probe", "tally", "sleepy", "boom", "calculator"]},
+            },
+            "tools": {"require_approval": ["probe"], "max_tool_calls": 8, "max_steps": 4},
+        },
+        env={PROBE_LOG_ENV: str(probe_log)},
+    )
+    try:
+        yield handle, probe_log
+    finally:
+        stop_server(handle)
+
+
+def _audit(server: ServerHandle, request_id: str) -> list[dict[str, Any]]:
+    lines = (server.data_dir / "audit" / "audit.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == "tool_call" and r.get("request_id") == request_id]
+
+
+def _ask(server: ServerHandle, script: str, request_id: str) -> dict[str, Any]:
+    body = {"model": "agent-fake", "messages": [{"role": "user", "content": f"SCRIPT:{script}"}]}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"x-request-id": request_id}, timeout=60)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+@pytest.mark.parametrize(
+    ("script", "decision", "reason", "ran"),
+    [
+        ("disallowed", "refused", "tool 'http_get' is not allowed here; the tools you can call are: boom, calculator", ""),
+        ("unknown", "refused", "unknown tool 'rm_rf'", ""),
+        ("malformed", "refused", "could not be parsed", ""),
+        ("invalid-args", "refused", "invalid arguments for 'probe'", ""),
+        ("probe", "refused", "'probe' needs a person's approval, which this run cannot ask for", ""),
+        ("sleepy", "timed_out", "no result within 0.5s", ""),
+        ("boom", "failed", "RuntimeError: the tool broke", "boom ran\n"),
+        ("calc", "executed", "", ""),
+    ],
+)
+def test_forged_calls_get_the_right_decision_and_the_run_answers(
+    agent_server: tuple[ServerHandle, Path], script: str, decision: str, reason: str, ran: str
+) -> None:
+    server, probe_log = agent_server
+    before = probe_log.read_text()
+    answer = _ask(server, script, f"forge-{script}")
+    assert answer["choices"][0]["message"]["content"] == "Hello from the fake"  # the run ended with an answer
+    [record] = _audit(server, f"forge-{script}")
+    assert (record["decision"], record["graph"]) == (decision, "agent-fake")
+    assert reason in record["reason"] and len(record["args_hash"]) == 32
+    assert probe_log.read_text() == before + ran  # what was refused never ran
+    [result] = answer["tool_results"]
+    assert result["status"] == ("success" if decision == "executed" else "error")
+    if script == "calc":
+        assert result["content"] == "42"
+
+
+def test_a_loop_of_calls_stops_at_the_budget(agent_server: tuple[ServerHandle, Path]) -> None:
+    server, probe_log = agent_server
+    before = probe_log.read_text().count("tally")
+    answer = _ask(server, "loop", "loop-1")
+    records = _audit(server, "loop-1")
+    executed = [r for r in records if r["decision"] == "executed"]
+    assert len(executed) == 8 and probe_log.read_text().count("tally") - before == 8
+    assert all("budget of 8 tool calls" in r["reason"] for r in records if r["decision"] == "refused")
+    assert len(records) > 8
+    assert "budget of 4 model turns" in answer["choices"][0]["message"]["content"]
+
+
+def test_the_stream_shows_calls_and_results(agent_server: tuple[ServerHandle, Path]) -> None:
+    server, _ = agent_server
+    body = {"model": "agent-fake", "stream": True, "messages": [{"role": "user", "content": "SCRIPT:calc"}]}
+    chunks = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+    calls = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
+    assert calls[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "calculator"
+    arguments = "".join(c["choices"][0]["delta"]["tool_calls"][0]["function"].get("arguments", "") for c in calls)
+    assert json.loads(arguments) == {"expression": "6 * 7"}
+    [results] = [c["tool_results"] for c in chunks if "tool_results" in c]
+    assert results[0]["content"] == "42"
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "Hello from the fake" and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_approvals_pause_and_resume_on_a_thread(agent_server: tuple[ServerHandle, Path]) -> None:
+    server, probe_log = agent_server
+    client = get_client(url=server.url, api_key=None)
+    try:
+        for answer, ran in (({"action": "approve"}, True), ({"action": "reject", "reason": "not today"}, False)):
+            before = probe_log.read_text().count("probe hello")
+            thread = (await client.threads.create())["thread_id"]
+            paused = await client.runs.wait(thread, "agent-fake", input={"messages": [{"role": "user", "content": "SCRIPT:probe"}]})
+            [pending] = paused["__interrupt__"]
+            assert pending["value"]["type"] == "tool_approval" and pending["value"]["tool"] == "probe"
+            assert pending["value"]["args"] == {"note": "hello"}
+            assert (await client.threads.get(thread))["status"] == "interrupted"
+            assert probe_log.read_text().count("probe hello") == before  # nothing runs before the answer
+            done = await client.runs.wait(thread, "agent-fake", command={"resume": answer})
+            assert done["messages"][-1]["content"] == "Hello from the fake"
+            assert probe_log.read_text().count("probe hello") == before + (1 if ran else 0)
+            tool_message = [m for m in done["messages"] if m["type"] == "tool"][-1]
+            assert ("probe saw 'hello'" in tool_message["content"]) is ran
+            if not ran:
+                assert "not today" in tool_message["content"]
+            with pytest.raises((ConflictError, httpx.HTTPStatusError)) as again:  # the interrupt was answered already
+                await client.runs.wait(thread, "agent-fake", command={"resume": {"action": "approve"}})
+            assert "409" in str(again.value) or isinstance(again.value, ConflictError)
+            assert probe_log.read_text().count("probe hello") == before + (1 if ran else 0)
+    finally:
+        await client.http.client.aclose()
+
+
+async def test_the_real_model_runs_the_agent_on_both_apis(agent_server: tuple[ServerHandle, Path]) -> None:
+    server, _ = agent_server
+    question = [{"role": "user", "content": "What is 12 * 12? Use the calculator."}]
+    answer = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                        json={"model": "agent", "messages": question, "max_tokens": 64, "temperature": 0}).json()
+    assert answer["choices"][0]["finish_reason"] in ("stop", "length")
+    assert answer["choices"][0]["message"]["content"]
+    for result in answer.get("tool_results", []):  # SmolLM2 may or may not call a tool
+        assert result["status"] in ("success", "error")
+    client = get_client(url=server.url, api_key=None)
+    try:
+        thread = (await client.threads.create())["thread_id"]
+        state = await client.runs.wait(thread, "agent", input={"messages": question}, context={"model_params": {"max_tokens": 64}})
+        assert state["messages"][-1]["type"] == "ai" and state["steps"] <= 4
+    finally:
+        await client.http.client.aclose()
