@@ -8,6 +8,7 @@ and exit status 1.
 from __future__ import annotations
 
 import asyncio
+import json
 import importlib.resources
 import os
 import re
@@ -15,14 +16,16 @@ import sys
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, aclosing
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 import typer
 from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
 
 from graphs.context import RunContext
 from graphs.errors import GraphError
-from graphs.events import Finish, TextDelta, message_events
+from graphs.events import Finish, TextDelta, ToolResult, message_events
 from graphs.registry import GraphRegistry, GraphSpec
 
 __all__ = ["GraphsCliEnv", "ask", "graphs_app", "scaffold_graph"]
@@ -33,8 +36,9 @@ class GraphsCliEnv(Protocol):
 
     def graph_specs(self) -> Mapping[str, GraphSpec]: ...
 
-    def open_graphs(self) -> AbstractAsyncContextManager[GraphRegistry]:
-        """Build the registry (and the gateway behind it); close both on exit."""
+    def open_graphs(self, only: str | None = None) -> AbstractAsyncContextManager[GraphRegistry]:
+        """Build the registry (all graphs, or ``only`` that one) and the gateway behind
+        it; close both on exit."""
         ...
 
 
@@ -108,6 +112,25 @@ def new(
     typer.echo(f"Then: switchyard ask {name} \"Hello\"   and   pytest {test}")
 
 
+def _approve(request: Any) -> Any:
+    """Ask the person at the terminal to answer a tool approval (or any interrupt)."""
+    if not (isinstance(request, dict) and request.get("type") == "tool_approval"):
+        return typer.prompt(f"\nThe graph asks: {request!r}\nyour answer")
+    args = json.dumps(request.get("args"), ensure_ascii=False)
+    typer.echo(f"\nThe model wants to call {request.get('tool')}({args}).", err=True)
+    choice = typer.prompt("[a]pprove, [e]dit the arguments, or [r]eject?", default="a", err=True).strip().lower()
+    if choice.startswith("e"):
+        edited = typer.prompt("arguments (JSON)", default=args, err=True)
+        try:
+            return {"action": "edit", "args": json.loads(edited)}
+        except ValueError:
+            typer.echo("not valid JSON: the call is rejected", err=True)
+            return {"action": "reject", "reason": "the edited arguments were not valid JSON"}
+    if choice.startswith("r"):
+        return {"action": "reject", "reason": typer.prompt("why", default="rejected at the terminal", err=True)}
+    return {"action": "approve"}
+
+
 def ask(
     ctx: typer.Context,
     graph_id: Annotated[str, typer.Argument(help="A registered graph id, e.g. chat.")],
@@ -118,22 +141,30 @@ def ask(
     env: GraphsCliEnv = ctx.obj
 
     async def run() -> Finish | None:
-        async with env.open_graphs() as registry:
-            graph = registry.get(graph_id).graph
-            stream = graph.astream(
-                {"messages": [HumanMessage(question)]},
-                context=RunContext(request_id=f"cli-{os.getpid()}", model_params={"max_tokens": max_tokens}),
-                stream_mode=["messages"],
-                version="v2",
+        async with env.open_graphs(only=graph_id) as registry:
+            # A checkpointer of its own, so that a tool approval can pause the run here.
+            graph = registry.get(graph_id).graph.copy(update={"checkpointer": InMemorySaver()})
+            config = {"configurable": {"thread_id": f"cli-{os.getpid()}"}}
+            context = RunContext(
+                request_id=f"cli-{os.getpid()}", model_params={"max_tokens": max_tokens}, approvals=True
             )
+            graph_input: Any = {"messages": [HumanMessage(question)]}
             finish = None
-            async with aclosing(message_events(stream)) as events:
-                async for event in events:
-                    if isinstance(event, TextDelta):
-                        sys.stdout.write(event.text)
-                        sys.stdout.flush()
-                    elif isinstance(event, Finish):
-                        finish = event
+            while True:
+                stream = graph.astream(graph_input, config, context=context, stream_mode=["messages", "updates"], version="v2")
+                async with aclosing(message_events(stream)) as events:
+                    async for event in events:
+                        if isinstance(event, TextDelta):
+                            sys.stdout.write(event.text)
+                            sys.stdout.flush()
+                        elif isinstance(event, ToolResult):
+                            typer.secho(f"[tool {event.name}: {event.content[:200]}]", fg=typer.colors.BRIGHT_BLACK, err=True)
+                        elif isinstance(event, Finish):
+                            finish = event
+                pending = [i for task in (await graph.aget_state(config)).tasks for i in task.interrupts]
+                if not pending:
+                    break
+                graph_input = Command(resume=_approve(pending[0].value))
             sys.stdout.write("\n")
             return finish
 

@@ -22,7 +22,7 @@ import uvicorn
 from gateway import GatewayError, GatewaySettings, ModelGateway, load_registry
 from gateway.cli import backend_app
 from gateway.local import start_backend, stop_backend
-from graphs import GraphError, GraphRegistry, GraphSpec
+from graphs import GraphError, GraphRegistry, GraphSpec, UnknownGraphError
 from graphs.cli import ask, graphs_app
 from knowledge import KnowledgeBase, KnowledgeError, open_knowledge
 from knowledge.cli import ingest, search
@@ -89,8 +89,15 @@ class CliEnv:
         return str(record["url"])
 
     @asynccontextmanager
-    async def open_graphs(self) -> AsyncIterator[GraphRegistry]:
-        platform = Platform.build(self.settings)
+    async def open_graphs(self, only: str | None = None) -> AsyncIterator[GraphRegistry]:
+        settings = self.settings
+        if only is not None:
+            if only not in settings.graphs:
+                raise UnknownGraphError(only, list(settings.graphs))
+            settings = settings.model_copy(update={"graphs": {only: settings.graphs[only]}})
+        # A running server may hold the knowledge store: graphs that do not need it
+        # still run here.
+        platform = Platform.build(settings, knowledge_optional=True)
         try:
             yield platform.graphs
         finally:

@@ -6,15 +6,18 @@ import time.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from gateway import ModelGateway, load_registry
 from graphs import GraphRegistry
-from knowledge import KnowledgeBase, open_knowledge
+from knowledge import KnowledgeBase, StoreLockedError, open_knowledge
 from tools import ToolRegistry
 from serving.settings import Settings
 
 __all__ = ["Platform"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -23,13 +26,19 @@ class Platform:
 
     settings: Settings
     gateway: ModelGateway
-    knowledge: KnowledgeBase
+    knowledge: KnowledgeBase | None
+    """None only in a CLI process whose data directory a server holds."""
     tools: ToolRegistry
     graphs: GraphRegistry
 
     @classmethod
-    def build(cls, settings: Settings) -> Platform:
+    def build(cls, settings: Settings, *, knowledge_optional: bool = False) -> Platform:
         """Load the model registry, open the knowledge base, build every configured graph.
+
+        Args:
+            settings: the loaded settings.
+            knowledge_optional: a CLI process: if another process (a server) holds the
+                knowledge store, build the graphs that do not need it.
 
         Raises:
             RegistryError: the model registry is invalid.
@@ -38,12 +47,20 @@ class Platform:
             GraphLoadError: a graph cannot be imported or built.
         """
         gateway = ModelGateway(load_registry(settings.gateway.models_file), probe_timeout_s=settings.gateway.probe_timeout_s)
-        knowledge = open_knowledge(settings.knowledge, settings.data_dir, gateway)
+        knowledge: KnowledgeBase | None
+        try:
+            knowledge = open_knowledge(settings.knowledge, settings.data_dir, gateway)
+        except StoreLockedError as exc:
+            if not knowledge_optional:
+                raise
+            log.warning("%s: graphs that need the knowledge base cannot run in this process", exc)
+            knowledge = None
         try:
             tools = ToolRegistry.builtin(settings.tools, knowledge)
             graphs = GraphRegistry.load(settings.graphs, gateway, knowledge=knowledge, tools=tools)
         except BaseException:
-            knowledge.close_now()
+            if knowledge is not None:
+                knowledge.close_now()
             raise
         return cls(settings=settings, gateway=gateway, knowledge=knowledge, tools=tools, graphs=graphs)
 
@@ -53,5 +70,6 @@ class Platform:
         return sorted(ids)
 
     async def aclose(self) -> None:
-        await self.knowledge.aclose()
+        if self.knowledge is not None:
+            await self.knowledge.aclose()
         await self.gateway.aclose()

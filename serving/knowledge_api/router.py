@@ -29,7 +29,8 @@ __all__ = ["router"]
 
 
 async def _knowledge(request: Request) -> KnowledgeBase:
-    knowledge: KnowledgeBase = request.app.state.platform.knowledge
+    knowledge: KnowledgeBase | None = request.app.state.platform.knowledge
+    assert knowledge is not None  # a server always opens it (Platform.build)
     return knowledge
 
 

@@ -175,3 +175,25 @@ async def test_the_real_model_runs_the_agent_on_both_apis(agent_server: tuple[Se
         assert state["messages"][-1]["type"] == "ai" and state["steps"] <= 4
     finally:
         await client.http.client.aclose()
+
+
+def test_the_cli_asks_for_approval(agent_server: tuple[ServerHandle, Path]) -> None:
+    """``switchyard ask`` pauses on an approval and reads the answer at the terminal
+    (here, piped); it runs beside the server that holds the data directory's stores."""
+    import os
+    import subprocess
+
+    from tests.conftest import REPO, SWITCHYARD
+
+    server, probe_log = agent_server
+    env = {**os.environ, PROBE_LOG_ENV: str(probe_log)}
+    for answer, runs in (("a\n", 1), ("r\nnot now\n", 0)):
+        before = probe_log.read_text().count("probe hello")
+        done = subprocess.run(
+            [str(SWITCHYARD), "--config", str(server.config), "ask", "agent-fake", "SCRIPT:probe"],
+            input=answer, capture_output=True, text=True, cwd=REPO, env=env, timeout=120, check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert 'The model wants to call probe({"note": "hello"})' in done.stderr
+        assert "Hello from the fake" in done.stdout
+        assert probe_log.read_text().count("probe hello") == before + runs
