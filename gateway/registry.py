@@ -59,6 +59,10 @@ class Capabilities(_Frozen):
     """Whether the backend returns OpenAI ``tool_calls``."""
     json_schema: bool = False
     """Whether ``response_format: {type: json_schema}`` constrains the output."""
+    named_tool_choice: bool = False
+    """Whether ``tool_choice`` can force one named function (vLLM can; llama.cpp cannot:
+    its chat model offers only that tool with ``"required"`` instead). Graphs must not
+    rely on a forced call where this is false; the ``agent`` graph never forces one."""
     embeddings: bool = False
     """Whether the backend serves ``/v1/embeddings`` (an embedding model on vLLM or TEI)."""
     embedding_dimensions: int | None = Field(default=None, gt=0)

@@ -104,6 +104,14 @@ class _ChunkEncoder:
     def content(self, text: str) -> str:
         return self._before + json.dumps(text) + self._after
 
+    def extension(self, **fields: Any) -> str:
+        """A chunk with an empty delta carrying Switchyard's extension fields
+        (``citations``, ``tool_results``)."""
+        chunk = ChatCompletionChunk(
+            id=self.completion_id, created=self.created, model=self.model, choices=[ChunkChoice(delta=Delta())], **fields
+        )
+        return chunk.model_dump_json()
+
 
 def _guard_alias_chunk(chunk: dict[str, Any], guard: OutputGuard) -> dict[str, Any] | None:
     """A relayed chunk with each choice's content checked (``None``: nothing left to
@@ -378,23 +386,9 @@ class ChatCompletionService:
                     call["function"]["name"] = event.name
                 yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
             elif isinstance(event, ToolResult):
-                chunk = ChatCompletionChunk(
-                    id=encoder.completion_id,
-                    created=encoder.created,
-                    model=encoder.model,
-                    choices=[ChunkChoice(delta=Delta())],
-                    tool_results=[_tool_result(event)],
-                )
-                yield chunk.model_dump_json()
+                yield encoder.extension(tool_results=[_tool_result(event)])
             elif isinstance(event, Citations):
-                chunk = ChatCompletionChunk(
-                    id=encoder.completion_id,
-                    created=encoder.created,
-                    model=encoder.model,
-                    choices=[ChunkChoice(delta=Delta())],
-                    citations=[Citation(**c) for c in event.sources],
-                )
-                yield chunk.model_dump_json()
+                yield encoder.extension(citations=[Citation(**c) for c in event.sources])
             elif isinstance(event, Finish):
                 if rest := guard.flush(0):
                     yield encoder.content(rest)

@@ -62,7 +62,7 @@ TOOL_SCRIPTS: dict[str, list[tuple[str, str]]] = {
     "sleepy": [("sleepy", "{}")],
     "boom": [("boom", "{}")],
     "calc": [("calculator", '{"expression": "6 * 7"}')],
-    "loop": [("tally", '{"note": "again"}')] * 10,
+    "loop": [("tally", '{"note": "again"}')] * 13,
 }
 
 

@@ -2,7 +2,7 @@
 
 The FAKE scripted backend (tests/fakes) forges the calls a real model will not make
 on demand: a tool outside the graph's list, an unknown tool, malformed and invalid
-arguments, ten calls a turn in a loop, a tool that sleeps past its timeout, one that
+arguments, thirteen calls a turn in a loop (52 in all), a tool that sleeps past its timeout, one that
 raises. The probe tools write a line to a file each time they really run, so a test
 can prove a refused call did not. Approvals pause a thread's run and resume through
 the LangGraph API. The real model runs the graph end to end too."""
@@ -109,7 +109,7 @@ def test_a_loop_of_calls_stops_at_the_budget(agent_server: tuple[ServerHandle, P
     executed = [r for r in records if r["decision"] == "executed"]
     assert len(executed) == 8 and probe_log.read_text().count("tally") - before == 8
     assert all("budget of 8 tool calls" in r["reason"] for r in records if r["decision"] == "refused")
-    assert len(records) > 8
+    assert len(records) == 52  # 13 a turn, 4 turns
     assert "budget of 4 model turns" in answer["choices"][0]["message"]["content"]
 
 
