@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -155,12 +156,13 @@ def _check(response: httpx.Response, url: str) -> Any:
         except (ValueError, KeyError, TypeError):
             detail = response.text[:300]
         raise KnowledgeError(f"the server at {url} refused ({response.status_code}): {detail}")
-    return response.json()
+    return response.json() if response.content else None
 
 
 async def _ingest_through(
     url: str, collection: str, items: list[Document | DocumentParseError], delete_missing: bool
 ) -> IngestReport:
+    started = time.perf_counter()
     report = IngestReport(collection=collection)
     documents = [i for i in items if isinstance(i, Document)]
     failed_sources = [i.source for i in items if isinstance(i, DocumentParseError)]
@@ -199,6 +201,7 @@ async def _ingest_through(
                     continue
                 _check(await client.delete(f"/v1/collections/{collection}/documents/{stored['doc_id']}"), url)
                 report.deleted += 1
+    report.seconds = round(time.perf_counter() - started, 3)
     return report
 
 

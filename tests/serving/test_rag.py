@@ -57,10 +57,33 @@ def _ask(server: ServerHandle, question: str, **extra: Any) -> dict[str, Any]:
     return dict(response.json())
 
 
+def test_delete_missing_through_the_server(rag_server: ServerHandle, tmp_path: Any) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("01-harbor-tides.md", "02-tram-network.md"):
+        (source / name).write_text((CORPUS / name).read_text())
+
+    def ingest() -> dict[str, Any]:
+        result = subprocess.run(
+            [str(SWITCHYARD), "--config", str(rag_server.config), "ingest", str(source), "-c", "small", "--json",
+             "--delete-missing"],
+            capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), timeout=300, check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
+    assert ingest()["added"] == 2
+    (source / "02-tram-network.md").unlink()
+    report = ingest()
+    assert (report["skipped"], report["deleted"]) == (1, 1) and report["seconds"] > 0
+    listed = httpx.get(rag_server.url + "/v1/collections/small/documents").json()["documents"]
+    assert [d["doc_id"] for d in listed] == ["01-harbor-tides.md"]
+
+
 def test_the_collections_api(rag_server: ServerHandle) -> None:
     url = rag_server.url
     listed = httpx.get(url + "/v1/collections").json()["data"]
-    assert [(c["name"], c["documents"], c["embedder"]) for c in listed] == [("corpus", 25, "use-multilingual-v3")]
+    assert ("corpus", 25, "use-multilingual-v3") in [(c["name"], c["documents"], c["embedder"]) for c in listed]
     hits = httpx.post(url + "/v1/collections/corpus/search", json={"query": "云梯线单程票价和往返票价是多少", "k": 3}).json()["results"]
     assert hits[0]["doc_id"] == "14-qiaocheng-cable-car.md"
     assert set(hits[0]) >= {"doc_id", "chunk_id", "score", "text", "source"}
