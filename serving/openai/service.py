@@ -238,7 +238,8 @@ class ChatCompletionService:
                 ),
                 output_policy=policy,
             ),
-            stream_mode=["messages", "updates"],
+            # `updates` only for graphs that report sources (citations): it costs ~2 ms a run.
+            stream_mode=["messages", "updates"] if "sources" in graph.channels else ["messages"],
             version="v2",
         )
         return with_deadline(message_events(stream), deadline_s)
