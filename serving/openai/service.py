@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -354,11 +354,12 @@ class ChatCompletionService:
         events = self._run_events(request, request_id, deadline_s, span, guard.policy, principal)
         async with aclosing(events) as events:
             try:
-                async for chunk in self._encode_graph_events(events, encoder, request, usage, guard):
-                    if not role_sent:
-                        yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
-                        role_sent = True
-                    yield chunk
+                async for event in events:
+                    for chunk in self._encode(event, encoder, request, usage, guard):
+                        if not role_sent:
+                            yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
+                            role_sent = True
+                        yield chunk
             except OutputBlockedError:
                 # The run stops here (closing its events cancels it); nothing of the
                 # blocked answer past what was already safe has been sent.
@@ -366,41 +367,41 @@ class ChatCompletionService:
                     yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
                 yield encoder.chunk(Delta(), finish_reason="content_filter").model_dump_json()
 
-    async def _encode_graph_events(
-        self,
-        events: AsyncIterator[GraphEvent],
-        encoder: _ChunkEncoder,
-        request: ChatCompletionRequest,
-        usage: dict[str, int],
-        guard: OutputGuard,
-    ) -> AsyncIterator[str]:
-        async for event in events:
-            if isinstance(event, TextDelta):
-                text = guard.feed(0, event.text)
-                if text:
-                    yield encoder.content(text)
-            elif isinstance(event, ToolCallDelta):
-                call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
-                if event.id:
-                    call.update(id=event.id, type="function")
-                if event.name:
-                    call["function"]["name"] = event.name
-                yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
-            elif isinstance(event, ToolResult):
-                yield encoder.extension(tool_results=[_tool_result(event)])
-            elif isinstance(event, Citations):
-                yield encoder.extension(citations=[Citation(**c) for c in event.sources])
-            elif isinstance(event, Finish):
-                if rest := guard.flush(0):
-                    yield encoder.content(rest)
-                usage["completion_tokens"] = event.completion_tokens
-                totals = _usage(event.prompt_tokens, event.completion_tokens)
-                yield encoder.chunk(Delta(), finish_reason=event.reason, usage=totals).model_dump_json()
-                if request.stream_options and request.stream_options.include_usage:
-                    last = ChatCompletionChunk(
-                        id=encoder.completion_id, created=encoder.created, model=encoder.model, choices=[], usage=totals
-                    )
-                    yield last.model_dump_json()
+    @staticmethod
+    def _encode(
+        event: GraphEvent, encoder: _ChunkEncoder, request: ChatCompletionRequest, usage: dict[str, int], guard: OutputGuard
+    ) -> Iterator[str]:
+        """The payloads of one event (a plain generator: no await per token).
+
+        Raises:
+            OutputBlockedError: the output check blocked the answer.
+        """
+        if isinstance(event, TextDelta):
+            text = guard.feed(0, event.text)
+            if text:
+                yield encoder.content(text)
+        elif isinstance(event, ToolCallDelta):
+            call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
+            if event.id:
+                call.update(id=event.id, type="function")
+            if event.name:
+                call["function"]["name"] = event.name
+            yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
+        elif isinstance(event, ToolResult):
+            yield encoder.extension(tool_results=[_tool_result(event)])
+        elif isinstance(event, Citations):
+            yield encoder.extension(citations=[Citation(**c) for c in event.sources])
+        elif isinstance(event, Finish):
+            if rest := guard.flush(0):
+                yield encoder.content(rest)
+            usage["completion_tokens"] = event.completion_tokens
+            totals = _usage(event.prompt_tokens, event.completion_tokens)
+            yield encoder.chunk(Delta(), finish_reason=event.reason, usage=totals).model_dump_json()
+            if request.stream_options and request.stream_options.include_usage:
+                last = ChatCompletionChunk(
+                    id=encoder.completion_id, created=encoder.created, model=encoder.model, choices=[], usage=totals
+                )
+                yield last.model_dump_json()
 
     async def _alias_chunks(
         self, request: ChatCompletionRequest, deadline_s: float | None, usage: dict[str, int], guard: OutputGuard
