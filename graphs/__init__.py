@@ -4,7 +4,7 @@ Imports from ``gateway`` (and, as they are built, ``knowledge`` and ``tools``), 
 from ``eval`` or ``serving``.
 """
 
-from graphs.context import RunContext
+from graphs.context import CLIENT_CONTEXT_FIELDS, RunBudget, RunContext
 from graphs.deps import ChatModelProvider, GraphDeps
 from graphs.errors import GraphError, GraphLoadError, UnknownGraphError
 from graphs.guards import OutputBlockedError, OutputPolicy, StreamGuard, checked
@@ -12,6 +12,7 @@ from graphs.events import Citations, Finish, GraphEvent, TextDelta, ToolCallDelt
 from graphs.registry import GraphRegistry, GraphSpec, RegisteredGraph
 
 __all__ = [
+    "CLIENT_CONTEXT_FIELDS",
     "ChatModelProvider",
     "Citations",
     "Finish",
@@ -24,6 +25,7 @@ __all__ = [
     "OutputBlockedError",
     "OutputPolicy",
     "RegisteredGraph",
+    "RunBudget",
     "RunContext",
     "StreamGuard",
     "TextDelta",

@@ -8,7 +8,23 @@ from typing import Any
 
 from graphs.guards import OutputPolicy
 
-__all__ = ["RunContext"]
+__all__ = ["CLIENT_CONTEXT_FIELDS", "RunBudget", "RunContext"]
+
+
+@dataclass(slots=True)
+class RunBudget:
+    """What one run has spent, counted by the server.
+
+    One per run, made by whoever starts the run (the serving layer's run host, the
+    CLI) and carried in `RunContext`. Graph nodes count into it and compare it with
+    their limits; it is never read from graph state, which a client can write
+    (``input: {"steps": -1000}`` must not buy a run more tool calls).
+    """
+
+    model_turns: int = 0
+    """Model calls made in this run."""
+    tool_calls: int = 0
+    """Tool calls attempted in this run (refused ones included)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,3 +56,10 @@ class RunContext:
     output_policy: OutputPolicy | None = None
     """What to redact or block in the run's answers (`graphs.guards`); set by the
     serving layer from the global and the tenant's lists."""
+    budget: RunBudget = field(default_factory=RunBudget)
+    """This run's spending (model turns, tool calls), counted by the graph's nodes."""
+
+
+CLIENT_CONTEXT_FIELDS = frozenset({"model_params", "collection"})
+"""The `RunContext` fields a client may set (LangGraph API ``context``); the server
+sets every other one."""

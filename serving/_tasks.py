@@ -79,11 +79,11 @@ async def guarded(source: AsyncIterator[T], guard: RunGuard, deadline_s: float |
     try:
         async with aclosing(source) as items:  # type: ignore[type-var]
             iterator = aiter(items)
-            started = False  # the source always starts: its clean-up runs only once it has
             while True:
-                if started and guard.error is not None:
+                # Also before the first item: a run stopped before its source started
+                # (a cancel right after create) never starts it.
+                if guard.error is not None:
                     raise guard.error
-                started = True
                 guard._inside = True
                 try:
                     item = await anext(iterator)

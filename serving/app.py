@@ -31,6 +31,7 @@ from serving.knowledge_api.router import router as knowledge_router
 from serving.openai.router import router as openai_router
 from serving.openai.service import ChatCompletionService
 from serving.persistence import open_thread_stores
+from serving.runs import RunChecks, RunHook, RunHost, RunRegistry
 from serving.platform import Platform
 from serving.settings import Settings
 from serving.tracing import Tracing, TracingMiddleware, open_tracing
@@ -56,12 +57,14 @@ def _tune_gc() -> None:
     gc.set_threshold(10_000, 20, 20)
 
 
-def create_app(settings: Settings, *, platform: Platform | None = None) -> FastAPI:
+def create_app(settings: Settings, *, platform: Platform | None = None, run_hook: RunHook | None = None) -> FastAPI:
     """Build the app.
 
     Args:
         settings: the loaded settings.
         platform: an already-built platform (tests); default: built in the lifespan.
+        run_hook: awaited at each await point of every run's set-up and tear-down
+            (tests inject cancellations there; see `serving.runs.STAGES`).
     """
 
     @asynccontextmanager
@@ -75,21 +78,20 @@ def create_app(settings: Settings, *, platform: Platform | None = None) -> FastA
         audit = app.state.audit = AuditLog(settings.audit_path)
         slots = RunSlots(server_max=settings.server.max_concurrent_runs)
         guardrails = Guardrails(settings.guardrails)
-        app.state.chat_service = ChatCompletionService(
-            built.gateway, built.graphs, metrics, slots, audit, guardrails, tracing
-        )
+        checks = RunChecks(built.gateway, built.graphs, guardrails)
         app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings.threads, settings.data_dir)
         app.state.thread_stores = stores
+        server = settings.server
+        runs = RunRegistry(replay_bytes=server.replay_max_bytes, finished_replay_bytes=server.replay_total_bytes)
+        host = app.state.run_host = RunHost(
+            threads=stores.threads, slots=slots, metrics=metrics, audit=audit, guardrails=guardrails, tracing=tracing,
+            runs=runs, hook=run_hook,
+        )
+        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, host, checks)
         app.state.langgraph_service = LangGraphService(
-            built.graphs.with_checkpointer(stores.checkpointer),
-            stores.threads,
-            stores.checkpointer,
-            slots,
-            metrics,
-            audit,
-            guardrails,
-            tracing,
+            built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, host, checks,
+            max_history_bytes=server.history_max_bytes,
         )
         _tune_gc()
         log.info(

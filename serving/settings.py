@@ -84,6 +84,14 @@ class ServerSettings(BaseModel):
     run_deadline_s: float = Field(default=300.0, gt=0)
     """A run still going after this long is cancelled and the client gets a timeout
     error. A request may lower it with the ``x-run-deadline-s`` header."""
+    history_max_bytes: int = Field(default=8 << 20, ge=1024)
+    """Thread history answers stop adding states past this many bytes of JSON (at
+    least one state is sent); clients page on with ``before``."""
+    replay_max_bytes: int = Field(default=1 << 20, ge=1024)
+    """SSE frames a background or resumable run keeps for clients that rejoin its
+    stream (older frames are dropped first)."""
+    replay_total_bytes: int = Field(default=64 << 20, ge=1024)
+    """Frames all finished runs keep together (the oldest runs' go first)."""
 
 
 def _default_graphs() -> dict[str, GraphSpec]:

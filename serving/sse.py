@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -135,7 +135,14 @@ class EventStream(Response):
         farewell: str | None = None,
         headers: Mapping[str, str] | None = None,
         status_code: int = 200,
+        close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """Args:
+            close: closes the source ``content`` was made from, when that source has
+                already started and closing an unstarted ``content`` would not reach
+                it (a run that holds a slot before its first frame is sent).
+        """
+        self._close = close
         self.body_iterator = content
         self.status_code = status_code
         self.background = None
@@ -160,18 +167,17 @@ class EventStream(Response):
                 self._stopped = reason
                 task.cancel()
 
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        self._quiet_since = loop.time()
-        helpers = [loop.create_task(self._watch_disconnect(receive, stop))]
-        if self._keepalive_s > 0:
-            helpers.append(loop.create_task(self._keepalive(send)))
+        helpers: list[asyncio.Task[None]] = []
         grace: list[asyncio.TimerHandle] = []
-        unsubscribe = (
-            self._drain.subscribe(lambda: grace.append(loop.call_later(self._grace_s, stop, "shutdown")))
-            if self._drain is not None
-            else (lambda: None)
-        )
+        unsubscribe: Callable[[], None] = lambda: None  # noqa: E731
         try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            self._quiet_since = loop.time()
+            helpers.append(loop.create_task(self._watch_disconnect(receive, stop)))
+            if self._keepalive_s > 0:
+                helpers.append(loop.create_task(self._keepalive(send)))
+            if self._drain is not None:
+                unsubscribe = self._drain.subscribe(lambda: grace.append(loop.call_later(self._grace_s, stop, "shutdown")))
             async for frame in self.body_iterator:
                 self._sending = True
                 await send({"type": "http.response.body", "body": frame if isinstance(frame, bytes) else frame.encode(), "more_body": True})
@@ -189,8 +195,12 @@ class EventStream(Response):
             for helper in helpers:
                 helper.cancel()
             closer: Any = getattr(self.body_iterator, "aclose", None)
-            if closer is not None:
-                await closer()
+            try:
+                if closer is not None:
+                    await closer()
+            finally:
+                if self._close is not None:
+                    await self._close()
         if self._stopped == "disconnect":
             return
         if self._stopped == "shutdown" and self._farewell:

@@ -1,8 +1,8 @@
 """Builder of the ``agent`` graph: ``model → tools → model …`` within a step budget.
 
 ``START → model``; after ``model``: ``tools`` if it asked for tool calls, else
-``END``; after ``tools``: ``model`` again, or ``out_of_steps`` when the step budget is
-used up. The model is only shown the tools the policy allows, and on its last turn
+``END``; ``tools`` hands back to ``model``, or to ``out_of_steps`` when the run's
+model turns are used up (counted in the run's `graphs.RunBudget`, not in state). The model is only shown the tools the policy allows, and on its last turn
 none; the ``tools`` node refuses anything else it sends (`tools.ToolExecutor`).
 """
 
@@ -29,10 +29,9 @@ def make_graph(deps: GraphDeps) -> StateGraph[AgentState, RunContext]:
         if name != "*" and deps.tools.find(name) is None:
             raise ValueError(f"unknown tool {name!r} in the graph's tools (tools: {', '.join(deps.tools.names())})")
     nodes = AgentNodes(deps.model, deps.tools, deps.tool_names)
-    max_steps = deps.tools.settings.max_steps
     builder = StateGraph(AgentState, context_schema=RunContext)
     builder.add_node(MODEL, nodes.model())
-    builder.add_node(TOOLS, nodes.tools)
+    builder.add_node(TOOLS, nodes.tools, destinations=(MODEL, OUT_OF_STEPS))
     builder.add_node(OUT_OF_STEPS, nodes.out_of_steps)
     builder.add_edge(START, MODEL)
 
@@ -41,10 +40,6 @@ def make_graph(deps: GraphDeps) -> StateGraph[AgentState, RunContext]:
         asked = bool(getattr(last, "tool_calls", None) or getattr(last, "invalid_tool_calls", None))
         return TOOLS if asked else END
 
-    def after_tools(state: AgentState) -> str:
-        return OUT_OF_STEPS if state.get("steps", 0) >= max_steps else MODEL
-
     builder.add_conditional_edges(MODEL, after_model, [TOOLS, END])
-    builder.add_conditional_edges(TOOLS, after_tools, [MODEL, OUT_OF_STEPS])
     builder.add_edge(OUT_OF_STEPS, END)
     return builder

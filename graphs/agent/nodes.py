@@ -9,10 +9,10 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, InvalidToolCall, SystemMessage, ToolMessage
 from langchain_core.messages.utils import message_chunk_to_message
 from langgraph.runtime import Runtime
-from langgraph.types import interrupt
+from langgraph.types import Command, interrupt
 
 from graphs.agent.prompts import system_prompt
-from graphs.agent.state import AgentState
+from graphs.agent.state import MODEL, OUT_OF_STEPS, AgentState
 from graphs.context import RunContext
 from graphs.guards import checked
 from tools import ToolContext, ToolExecutor, ToolPolicy, ToolRegistry
@@ -63,14 +63,19 @@ def _strict(full: Any) -> AIMessage:
     return message.model_copy(update={"tool_calls": valid, "invalid_tool_calls": invalid})
 
 
+def _context(runtime: Runtime[RunContext]) -> RunContext:
+    # A graph invoked without a context (a test, a notebook) still gets a budget of
+    # its own: RunContext() makes a new one.
+    return runtime.context if runtime.context is not None else RunContext()
+
+
 class AgentNodes:
     def __init__(self, model: BaseChatModel, registry: ToolRegistry, graph_tools: tuple[str, ...]) -> None:
         self._model = model
         self._registry = registry
         self._graph_tools = graph_tools
 
-    def _executor(self, state: AgentState, runtime: Runtime[RunContext]) -> ToolExecutor:
-        context = runtime.context if runtime.context is not None else RunContext()
+    def _executor(self, context: RunContext) -> ToolExecutor:
         settings = self._registry.settings
         policy = ToolPolicy.intersect(
             self._graph_tools,
@@ -83,16 +88,20 @@ class AgentNodes:
         tool_context = ToolContext(
             tenant=context.tenant, collection=context.collection, allowed_collections=context.allowed_collections
         )
-        return ToolExecutor(self._registry, policy, tool_context, context.on_tool_call, calls_made=state.get("tool_calls", 0))
+        return ToolExecutor(
+            self._registry, policy, tool_context, context.on_tool_call, calls_made=context.budget.tool_calls
+        )
 
     def model(self) -> Any:
         @checked
         async def model(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
-            executor = self._executor(state, runtime)
-            steps = state.get("steps", 0) + 1
+            context = _context(runtime)
+            executor = self._executor(context)
+            context.budget.model_turns += 1
+            turns = context.budget.model_turns
             # The last turn, or a spent call budget: no tools are offered, the model answers.
-            offered = [] if steps >= executor.policy.max_steps or executor.calls_made >= executor.policy.max_tool_calls else executor.allowed_tools()
-            context = runtime.context if runtime.context is not None else RunContext()
+            spent = turns >= executor.policy.max_steps or executor.calls_made >= executor.policy.max_tool_calls
+            offered = [] if spent else executor.allowed_tools()
             bound: Any = self._model.bind_tools([t.for_model() for t in offered]) if offered else self._model
             if context.model_params:
                 bound = bound.bind(**context.model_params)
@@ -101,13 +110,15 @@ class AgentNodes:
             full: Any = None
             async for chunk in bound.astream([SystemMessage(system_prompt(examples)), *conversation]):
                 full = chunk if full is None else full + chunk
-            return {"messages": [_strict(full)], "steps": steps}
+            return {"messages": [_strict(full)]}
 
         return model
 
-    async def tools(self, state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
-        executor = self._executor(state, runtime)
-        context = runtime.context if runtime.context is not None else RunContext()
+    async def tools(self, state: AgentState, runtime: Runtime[RunContext]) -> Command[Any]:
+        """Run (or refuse) the last message's tool calls, then hand back to the model,
+        or to ``out_of_steps`` when the run's model turns are used up."""
+        context = _context(runtime)
+        executor = self._executor(context)
         last = state["messages"][-1]
         assert isinstance(last, AIMessage)
         # Approvals come first, before anything runs: a resumed node starts over, so
@@ -140,7 +151,11 @@ class AgentNodes:
             if action == "edit":
                 args = detail
             results.append(await executor.run(call_id, name, args))
-        return {"messages": results, "tool_calls": executor.calls_made}
+        # Counted in the run's budget after each node (a resumed node starts over, and
+        # the calls before its interrupt were not made).
+        context.budget.tool_calls = executor.calls_made
+        spent = context.budget.model_turns >= executor.policy.max_steps
+        return Command(goto=OUT_OF_STEPS if spent else MODEL, update={"messages": results})
 
     async def out_of_steps(self, state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         limit = self._registry.settings.max_steps

@@ -18,8 +18,8 @@ OUT_OF_STEPS = "out_of_steps"
 
 
 class AgentState(TypedDict, total=False):
+    """The conversation only. What a run has spent (model turns, tool calls) is
+    counted in `graphs.RunBudget`, in the run's context, never in state: state is
+    what a client writes with ``input`` and ``command.update``."""
+
     messages: Annotated[list[AnyMessage], add_messages]
-    steps: int
-    """Model turns taken."""
-    tool_calls: int
-    """Tool calls attempted (the budget counts refused ones too)."""

@@ -8,13 +8,18 @@ Request models ignore unknown fields: newer SDKs send more (``durability``,
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serving._json import json_problem
 
 __all__ = [
+    "THREAD_ID_PATTERN",
     "AssistantSearch",
     "HistoryRequest",
+    "RunCommand",
+    "RunConfig",
     "RunCreate",
     "ThreadCreate",
     "ThreadSearch",
@@ -30,8 +35,26 @@ def assistant_uuid(graph_id: str) -> str:
     return str(uuid.uuid5(_SYSTEM_ASSISTANT_NAMESPACE, graph_id))
 
 
+THREAD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@~+=-]{0,127}$"
+"""Thread ids: what LangGraph clients send (UUIDs) and other plain names, never text
+that cannot go into a URL or a header unescaped."""
+
+ThreadId = Annotated[str, Field(pattern=THREAD_ID_PATTERN)]
+
+_MAX_OFFSET = 2**31 - 1
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="after")
+    def _storable(self) -> _Request:
+        # What cannot be stored or echoed back (integers past 64 bits, lone
+        # surrogates) is refused here, naming where it is, not half-way through a run.
+        problem = json_problem({name: getattr(self, name) for name in self.model_fields_set})
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class AssistantSearch(_Request):
@@ -41,13 +64,13 @@ class AssistantSearch(_Request):
     name: str | None = None
     metadata: dict[str, Any] | None = None
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=_MAX_OFFSET)
 
 
 class ThreadCreate(_Request):
     """``POST /threads``."""
 
-    thread_id: str | None = None
+    thread_id: ThreadId | None = None
     metadata: dict[str, Any] | None = None
     if_exists: Literal["raise", "do_nothing"] = "raise"
 
@@ -58,7 +81,7 @@ class ThreadSearch(_Request):
     metadata: dict[str, Any] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=_MAX_OFFSET)
 
 
 class HistoryRequest(_Request):
@@ -66,6 +89,32 @@ class HistoryRequest(_Request):
 
     limit: int = Field(default=10, ge=1, le=1000)
     before: dict[str, Any] | str | None = None
+
+
+class RunCommand(BaseModel):
+    """``command``: answer an interrupt (``resume``), write to the state (``update``),
+    and/or go to nodes (``goto``), instead of ``input``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resume: Any = None
+    update: dict[str, Any] | list[tuple[str, Any]] | None = None
+    goto: str | list[str] | None = None
+
+
+class RunConfig(BaseModel):
+    """``config``: the parts of a LangGraph run config a client may set."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    configurable: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    tags: list[str] | None = None
+    recursion_limit: int | None = Field(default=None, ge=1, le=10_000)
+    run_name: str | None = None
+
+    def as_config(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
 
 
 StreamModeName = Literal["values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"]
@@ -77,11 +126,11 @@ class RunCreate(_Request):
     assistant_id: str
     """A graph id, or its system assistant's UUID."""
     input: dict[str, Any] | None = None
-    command: dict[str, Any] | None = None
+    command: RunCommand | None = None
     """``{"resume": value}`` (and/or ``update``, ``goto``): replaces ``input``."""
     stream_mode: StreamModeName | list[StreamModeName] = "values"
     stream_subgraphs: bool = False
-    config: dict[str, Any] | None = None
+    config: RunConfig | None = None
     context: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     checkpoint: dict[str, Any] | None = None

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
-from fastapi import APIRouter, Body, Depends, Header, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Path, Request, Response
 
 from serving._tasks import RunCancelledError, RunDeadlineError
 from serving.errors import ServingError
@@ -18,6 +19,7 @@ from serving.langgraph_api.protocol import (
     HistoryRequest,
     Info,
     Ok,
+    THREAD_ID_PATTERN,
     Run,
     RunCreate,
     Thread,
@@ -63,6 +65,7 @@ async def _service(request: Request) -> LangGraphService:
 
 
 ServiceDep = Annotated[LangGraphService, Depends(_service)]
+ThreadIdPath = Annotated[str, Path(pattern=THREAD_ID_PATTERN, description="A thread id (a UUID, or a plain name)")]
 
 
 def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -107,24 +110,24 @@ async def search_threads(service: ServiceDep, principal: PrincipalDep, body: Thr
 
 
 @router.get("/threads/{thread_id}", response_model=Thread)
-async def get_thread(thread_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+async def get_thread(thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
     return _json(await service.get_thread(thread_id, principal))
 
 
 @router.get("/threads/{thread_id}/state", response_model=ThreadState)
-async def get_thread_state(thread_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+async def get_thread_state(thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
     return _json(await service.thread_state(thread_id, principal))
 
 
 @router.get("/threads/{thread_id}/state/{checkpoint_id}", response_model=ThreadState)
-async def get_thread_state_at(thread_id: str, checkpoint_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+async def get_thread_state_at(thread_id: ThreadIdPath, checkpoint_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
     """The thread's state at one checkpoint (from its history)."""
     return _json(await service.thread_state(thread_id, principal, checkpoint_id))
 
 
 @router.post("/threads/{thread_id}/history", response_model=list[ThreadState])
 async def get_thread_history(
-    thread_id: str, service: ServiceDep, principal: PrincipalDep, body: HistoryRequest | None = None
+    thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep, body: HistoryRequest | None = None
 ) -> Response:
     """States newest first; ``before`` (a checkpoint id or ``{checkpoint_id}``) pages back."""
     query = body or HistoryRequest()
@@ -134,7 +137,7 @@ async def get_thread_history(
 
 def _location(thread_id: str | None, run_id: str) -> str:
     # Not ".../stream": the SDKs read the run id from this header with a greedy pattern.
-    return f"/threads/{thread_id}/runs/{run_id}" if thread_id else f"/runs/{run_id}"
+    return f"/threads/{quote(thread_id)}/runs/{run_id}" if thread_id else f"/runs/{run_id}"
 
 
 _SHUTDOWN_FAREWELL = (
@@ -148,24 +151,26 @@ async def _stream(
     service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
 ) -> EventStream:
     principal, deadline_s = request.state.principal, request.state.deadline_s
-    run, events = await service.start_run(thread_id, body, request_id, principal, deadline_s)
+    # The run starts here (its first event is `metadata`); from now on its events
+    # hold what it took, and closing them (the response always does) gives it back.
+    started = await service.start_run(thread_id, body, request_id, principal, deadline_s)
+    run = started.record
     headers = {"Content-Location": _location(run.thread_id, run.run_id)}
     frames: AsyncIterator[str]
+    close = None
     if body.stream_resumable or body.on_disconnect == "continue":
         # The run belongs to the server now: a client that leaves can come back.
-        service.start_background(run, events)
+        service.start_background(started)
         frames = run.follow()
         if run.thread_id is not None:
-            headers["Location"] = f"/threads/{run.thread_id}/runs/{run.run_id}/stream"
+            headers["Location"] = f"/threads/{quote(run.thread_id)}/runs/{run.run_id}/stream"
     else:
-        # Start the run now (its first event is `metadata`): a started run always
-        # finishes its clean-up (thread status, run slot), even if the response
-        # never gets sent.
-        rest = sse_frames(events)
-        frames = _prepend(await anext(rest), rest)
+        frames = sse_frames(started.events, started.first)
+        close = started.events.aclose
     server = request.app.state.platform.settings.server
     return EventStream(
         frames,
+        close=close,
         headers=headers,
         keepalive_s=server.keepalive_s,
         drain=request.app.state.drain,
@@ -174,37 +179,31 @@ async def _stream(
     )
 
 
-async def _prepend(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
-    async with aclosing(rest) as frames:
-        yield first
-        async for frame in frames:
-            yield frame
-
-
 async def _wait(
     service: LangGraphService, thread_id: str | None, body: RunCreate, request_id: str, request: Request
 ) -> Response:
     values_only = body.model_copy(update={"stream_mode": "values"})
     principal, deadline_s = request.state.principal, request.state.deadline_s
-    run, events = await service.start_run(thread_id, values_only, request_id, principal, deadline_s)
     result: Any = None
-    async with aclosing(events) as stream, cancel_on_disconnect(request.receive):
-        try:
-            async for name, data in stream:
-                if name == "values":
-                    result = data
-                elif name == "error":
-                    result = {"__error__": data}
-        except (RunDeadlineError, RunCancelledError) as exc:
-            result = {"__error__": stop_error(exc)}
-    return _json(result, headers={"Content-Location": _location(run.thread_id, run.run_id)})
+    async with cancel_on_disconnect(request.receive):
+        started = await service.start_run(thread_id, values_only, request_id, principal, deadline_s)
+        async with aclosing(started.events) as stream:
+            try:
+                async for name, data in stream:
+                    if name == "values":
+                        result = data
+                    elif name == "error":
+                        result = {"__error__": data}
+            except (RunDeadlineError, RunCancelledError) as exc:
+                result = {"__error__": stop_error(exc)}
+    return _json(result, headers={"Content-Location": _location(started.record.thread_id, started.record.run_id)})
 
 
 RunBody = Annotated[RunCreate, Body()]
 
 
 @router.post("/threads/{thread_id}/runs/stream", response_class=EventStream, status_code=200, responses=_STREAM)
-async def stream_thread_run(thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventStream:
+async def stream_thread_run(thread_id: ThreadIdPath, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request) -> EventStream:
     """Run a graph on a thread; events stream as SSE (``metadata`` first)."""
     return await _stream(service, thread_id, body, request_id, request)
 
@@ -217,7 +216,7 @@ async def stream_stateless_run(body: RunBody, service: ServiceDep, request_id: R
 
 @router.post("/threads/{thread_id}/runs/wait", response_model=dict[str, Any])
 async def wait_thread_run(
-    thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request
+    thread_id: ThreadIdPath, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request
 ) -> Response:
     """Run a graph on a thread; answer with its final state values."""
     return await _wait(service, thread_id, body, request_id, request)
@@ -231,30 +230,32 @@ async def wait_stateless_run(body: RunBody, service: ServiceDep, request_id: Req
 
 @router.post("/threads/{thread_id}/runs", response_model=Run)
 async def create_background_run(
-    thread_id: str, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request
+    thread_id: ThreadIdPath, body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request
 ) -> Response:
     """Start a run on a thread in the background; follow it with ``.../stream`` or ``.../join``."""
     principal, deadline_s = request.state.principal, request.state.deadline_s
-    run, events = await service.start_run(thread_id, body, request_id, principal, deadline_s)
-    service.start_background(run, events)
+    async with cancel_on_disconnect(request.receive):
+        started = await service.start_run(thread_id, body, request_id, principal, deadline_s)
+    service.start_background(started)
+    run = started.record
     return _json(run.json(), headers={"Content-Location": _location(run.thread_id, run.run_id)})
 
 
 @router.get("/threads/{thread_id}/runs", response_model=list[Run])
-async def list_runs(thread_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+async def list_runs(thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
     """The thread's runs this server process knows of, newest first."""
     await service.get_thread(thread_id, principal)  # 404 for an unknown thread
     return _json(service.thread_runs(thread_id, principal))
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run)
-async def get_run(thread_id: str, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+async def get_run(thread_id: ThreadIdPath, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
     return _json(service.run_record(thread_id, run_id, principal).json())
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/stream", response_class=EventStream, status_code=200, responses=_STREAM)
 async def join_run_stream(
-    thread_id: str,
+    thread_id: ThreadIdPath,
     run_id: str,
     service: ServiceDep,
     principal: PrincipalDep,
@@ -266,10 +267,10 @@ async def join_run_stream(
     run = service.run_record(thread_id, run_id, principal)
     if run.frames is None:
         raise ServingError(409, f"run {run_id!r} was not started resumable; its stream cannot be joined")
-    try:
-        after = int(last_event_id) if last_event_id else -1
-    except ValueError:
-        raise ServingError(400, "Last-Event-ID must be an event id (an integer)") from None
+    value = (last_event_id or "").strip()
+    if value and not (value.isascii() and value.isdigit() and len(value) <= 18):
+        raise ServingError(400, "Last-Event-ID must be an event id (a non-negative integer)")
+    after = int(value) if value else -1
     server = request.app.state.platform.settings.server
     return EventStream(
         run.follow(after),
@@ -281,7 +282,7 @@ async def join_run_stream(
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/join", response_model=dict[str, Any])
-async def join_run(thread_id: str, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+async def join_run(thread_id: ThreadIdPath, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
     """Wait for the run to end; answer with the thread's values."""
     run = service.run_record(thread_id, run_id, principal)
     await run.wait()
@@ -296,7 +297,7 @@ async def join_run(thread_id: str, run_id: str, service: ServiceDep, principal: 
     responses={202: {"description": "Cancellation requested"}, 204: {"description": "Cancelled (with wait=true)"}},
 )
 async def cancel_run(
-    thread_id: str,
+    thread_id: ThreadIdPath,
     run_id: str,
     service: ServiceDep,
     principal: PrincipalDep,

@@ -7,12 +7,12 @@ run streams the graph's v2 parts as LangGraph Server SSE events.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,21 +24,23 @@ from langgraph.types import Command, Interrupt, StateSnapshot
 from langchain_core.messages import AIMessage, AIMessageChunk
 from pydantic import BaseModel
 
-from gateway import BackendResponseError, BackendUnavailableError
-from graphs import GraphRegistry, OutputBlockedError, RegisteredGraph, RunContext
-from serving._tasks import RunCancelledError, RunDeadlineError, guarded
-from serving.langgraph_api.runs import RunRecord, RunRegistry, RunStatus
-from serving.audit import AuditLog, tool_call_sink
+from graphs import CLIENT_CONTEXT_FIELDS, GraphRegistry, OutputBlockedError, RegisteredGraph
+from serving._tasks import RunCancelledError, RunDeadlineError
 from serving.auth import Principal
-from serving.errors import ServingError
-from serving.guardrails import Guardrails, OutputGuard, message_texts
-from serving.limits import RunSlots
-from serving.tracing import NO_TRACING, NoTracing, Tracing
-from serving.observability import ServingMetrics, set_run_id
-from serving.langgraph_api.protocol import AssistantSearch, RunCreate, ThreadCreate, ThreadSearch, assistant_uuid
+from serving.errors import RequestError, ServingError
+from serving.guardrails import OutputGuard
+from serving.langgraph_api.protocol import (
+    AssistantSearch,
+    RunCommand,
+    RunCreate,
+    ThreadCreate,
+    ThreadSearch,
+    assistant_uuid,
+)
+from serving.runs import RunChecks, RunHost, RunPlan, RunRecord, parse_sampling, run_messages
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
-__all__ = ["LangGraphService", "dumps", "frame", "sse_frames", "stop_error"]
+__all__ = ["LangGraphService", "StartedRun", "dumps", "frame", "sse_frames", "stop_error"]
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +79,15 @@ def stop_error(exc: RunDeadlineError | RunCancelledError) -> dict[str, str]:
     return {"error": kind, "message": str(exc)}
 
 
-async def sse_frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[str]:
-    """A run's events as SSE frames with ids 0, 1, ...; a stopped run ends with an
-    ``error`` event."""
+async def sse_frames(events: AsyncIterator[tuple[str, Any]], first: tuple[str, Any] | None = None) -> AsyncIterator[str]:
+    """A run's events (after ``first``, already taken from them) as SSE frames with
+    ids 0, 1, ...; a stopped run ends with an ``error`` event. Closes ``events``."""
     index = -1
     async with aclosing(events) as stream:
         try:
+            if first is not None:
+                index += 1
+                yield frame(*first, index)
             async for name, data in stream:
                 index += 1
                 yield frame(name, data, index)
@@ -90,10 +95,22 @@ async def sse_frames(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[st
             yield frame("error", stop_error(exc), index + 1)
 
 
-_SERVER_CONTEXT = frozenset(
-    {"request_id", "output_policy", "tenant", "allowed_collections", "allowed_tools", "approvals", "on_tool_call"}
-)
-"""Run-context fields the server sets; a request cannot."""
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    graph_input: Any
+    model_params: dict[str, Any]
+    collection: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StartedRun:
+    """A run that has started (see `LangGraphService.start_run`)."""
+
+    record: RunRecord
+    first: tuple[str, Any]
+    """Its first event, ``metadata``."""
+    events: AsyncGenerator[tuple[str, Any], None]
+    """The rest; closing them ends the run and gives back what it holds."""
 
 
 def _checked_message(message: Any, guard: OutputGuard) -> Any:
@@ -121,21 +138,17 @@ class LangGraphService:
         graphs: GraphRegistry,
         threads: ThreadStore,
         checkpointer: BaseCheckpointSaver[Any],
-        slots: RunSlots,
-        metrics: ServingMetrics,
-        audit: AuditLog,
-        guardrails: Guardrails,
-        tracing: Tracing | NoTracing = NO_TRACING,
+        host: RunHost,
+        checks: RunChecks,
+        *,
+        max_history_bytes: int = 8 << 20,
     ) -> None:
-        self._tracing = tracing
-        self._guardrails = guardrails
-        self._audit = audit
-        self._metrics = metrics
+        self._host = host
+        self._checks = checks
         self._graphs = graphs
         self._threads = threads
         self._checkpointer = checkpointer
-        self._slots = slots
-        self._runs = RunRegistry()
+        self._max_history_bytes = max_history_bytes
         # Stateless runs whose thread is deleted at the end keep their checkpoints in
         # memory: nothing about them needs to survive the run.
         self._scratch = InMemorySaver()
@@ -305,33 +318,99 @@ class LangGraphService:
             return []
         config = {"configurable": {"thread_id": thread_id}}
         older = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": before}} if before else None
-        history = graph.aget_state_history(config, limit=limit, before=older)
-        return [self._state_json(snapshot) async for snapshot in history]
+        states: list[dict[str, Any]] = []
+        size = 0
+        async for snapshot in graph.aget_state_history(config, limit=limit, before=older):
+            state = self._state_json(snapshot)
+            size += len(dumps(state))
+            if states and size > self._max_history_bytes:
+                break  # paged by size too: the client asks again with `before`
+            states.append(state)
+        return states
 
     # ---- runs ------------------------------------------------------------------------
 
+    def _prepare(self, entry: RegisteredGraph, body: RunCreate, principal: Principal) -> _Prepared:
+        """Check a run request before it touches anything (no await): the graph, the
+        sampling parameters against the backend's contract, every message the run
+        would hand a model against the input filter, and the command's targets.
+
+        Raises:
+            RequestError: naming the field that is wrong.
+            CapabilityError, ServingError: from `RunChecks`.
+        """
+        context = body.context or {}
+        ignored = sorted(set(context) - CLIENT_CONTEXT_FIELDS)
+        if ignored:
+            log.info("run ignores context fields it does not take from clients: %s", ", ".join(map(str, ignored)))
+        model_params = parse_sampling(context.get("model_params"), param="context.model_params")
+        collection = context.get("collection")
+        if collection is not None and not isinstance(collection, str):
+            raise RequestError("context.collection must be a collection name", param="context.collection")
+        self._checks.graph(entry.graph_id, principal, model_params)
+        graph_input: Any = body.input
+        if body.input is not None and "messages" in body.input:
+            messages = run_messages(body.input["messages"], param="input.messages")
+            self._checks.messages(messages, principal, param="input.messages")
+            graph_input = {**body.input, "messages": messages}
+        if body.command is not None:
+            graph_input = self._command(entry, body.command, principal)
+        return _Prepared(graph_input=graph_input, model_params=model_params, collection=collection)
+
+    def _command(self, entry: RegisteredGraph, command: RunCommand, principal: Principal) -> Command[Any]:
+        update: Any = command.update
+        if isinstance(update, dict) and "messages" in update:
+            messages = run_messages(update["messages"], param="command.update.messages")
+            self._checks.messages(messages, principal, param="command.update.messages")
+            update = {**update, "messages": messages}
+        elif isinstance(update, list):
+            checked = []
+            for index, (key, value) in enumerate(update):
+                if key == "messages":
+                    value = run_messages(value, param=f"command.update.{index}.1")
+                    self._checks.messages(value, principal, param=f"command.update.{index}.1")
+                checked.append((key, value))
+            update = checked
+        goto = command.goto
+        targets = [goto] if isinstance(goto, str) else list(goto or ())
+        nodes = set(entry.graph.nodes) - {"__start__"}
+        for target in targets:
+            if target not in nodes:
+                raise RequestError(
+                    f"command.goto: graph {entry.graph_id!r} has no node {target!r}; its nodes: {', '.join(sorted(nodes))}",
+                    param="command.goto",
+                )
+        fields: dict[str, Any] = {"update": update, "goto": goto or ()}
+        if "resume" in command.model_fields_set:
+            fields["resume"] = command.resume
+        return Command(**fields)
+
     async def start_run(
         self, thread_id: str | None, body: RunCreate, request_id: str, principal: Principal, deadline_s: float | None = None
-    ) -> tuple[RunRecord, AsyncIterator[tuple[str, Any]]]:
-        """Check the run can start, then return its record and its events ``(event
-        name, data)``, starting with ``metadata``. The events are consumed in the
-        caller's task; past ``deadline_s``, or when the run is cancelled, they end
-        with `RunDeadlineError` / `RunCancelledError`.
+    ) -> StartedRun:
+        """Check the run, then start it: on return it holds its run slot, its record and
+        its thread, and its first event (``metadata``) is out. The caller must close
+        ``events`` (they give everything back when closed, whatever their state); they
+        are consumed in the caller's task (or a background task), and past
+        ``deadline_s``, or when the run is cancelled, they end with
+        `RunDeadlineError` / `RunCancelledError`.
 
         Raises:
             ServingError: unknown assistant (404), missing thread (404), a thread with
                 a run in progress under ``multitask_strategy: reject`` (409), an
-                unsupported strategy (400).
+                unsupported strategy (400), a run-slot limit (429).
+            RequestError: a malformed part of the request (400), naming it.
         """
         entry = self.resolve(body.assistant_id, principal)
-        self._guardrails.check_input(message_texts((body.input or {}).get("messages") or []), principal, param="input")
         if entry.threaded is None:
             raise ServingError(503, "threads are not available: no checkpointer configured")
         if body.multitask_strategy == "rollback":
             raise ServingError(400, "multitask_strategy 'rollback' is not supported; use reject, interrupt or enqueue")
         stateless = thread_id is None
-        if stateless and body.command and "resume" in body.command:
+        resume = body.command is not None and "resume" in body.command.model_fields_set
+        if stateless and resume:
             raise ServingError(400, "command.resume answers an interrupt on a thread: use POST /threads/{thread_id}/runs")
+        prepared = self._prepare(entry, body, principal)
         if stateless:
             thread_id = str(uuid.uuid4())
             if body.on_completion == "keep":
@@ -346,15 +425,15 @@ class LangGraphService:
                 if created is None:  # the id is another tenant's thread
                     raise ServingError(404, f"thread {thread_id!r} not found")
                 record = created
-            if body.command and "resume" in body.command and record.status != "interrupted":
+            if resume and record.status != "interrupted":
                 # Answered already (a second resume of one interrupt), or never asked.
                 raise ServingError(
                     409, f"thread {thread_id!r} has no interrupt waiting for an answer (its status is {record.status!r})"
                 )
-            await self._make_way(thread_id, body.multitask_strategy, deadline_s)
-        release = self._slots.acquire(principal)
         keep = not stateless or body.on_completion == "keep"
-        run = RunRecord(
+        graph = entry.threaded if keep else self._scratch_graphs[entry.graph_id]
+        assert graph is not None
+        run_record = RunRecord(
             run_id=str(uuid.uuid4()),
             thread_id=None if stateless else thread_id,
             assistant_id=assistant_uuid(entry.graph_id),
@@ -362,183 +441,126 @@ class LangGraphService:
             multitask_strategy=body.multitask_strategy,
             metadata=dict(body.metadata or {}),
         )
-        self._runs.add(run)
-        events = self._run(entry, thread_id, run, body, request_id, keep=keep, release=release, principal=principal)
-        return run, guarded(events, run.guard, deadline_s)
 
-    async def _make_way(self, thread_id: str, strategy: str, deadline_s: float | None) -> None:
-        """Apply the multitask strategy to the thread's run in progress, if any."""
-        while (active := self._runs.active(thread_id)) is not None:
-            if strategy == "reject":
-                raise ServingError(
-                    409,
-                    f"thread {thread_id!r} already has a run in progress ({active.run_id}); "
-                    "multitask_strategy interrupt or enqueue would wait for it",
-                )
-            if strategy == "interrupt":
-                active.guard.stop(RunCancelledError("interrupted by a newer run on this thread"))
-            try:
-                await asyncio.wait_for(active.wait(), deadline_s)
-            except TimeoutError:
-                raise ServingError(409, f"thread {thread_id!r} is still busy with run {active.run_id}") from None
+        async def thread_status() -> ThreadStatus:
+            snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+            return "interrupted" if snapshot.interrupts else "idle"
+
+        plan = RunPlan(
+            protocol="langgraph",
+            kind="graph",
+            target=entry.graph_id,
+            principal=principal,
+            request_id=request_id,
+            run_id=run_record.run_id,
+            deadline_s=deadline_s,
+            model_params=prepared.model_params,
+            collection=prepared.collection,
+            thread_id=thread_id if keep else None,
+            thread_metadata={"graph_id": entry.graph_id, "assistant_id": run_record.assistant_id} if keep else None,
+            thread_status=thread_status if keep else None,
+            record=None if stateless else run_record,
+            approvals=keep,  # a kept thread can be resumed with the answer
+        )
+        events = self._run(graph, plan, body, prepared, thread_id, keep=keep)
+        try:
+            first = await anext(events)
+        except BaseException:
+            await events.aclose()
+            raise
+        return StartedRun(record=run_record, first=first, events=events)
 
     def run_record(self, thread_id: str, run_id: str, principal: Principal) -> RunRecord:
         """Raises ServingError 404 for an unknown run (or another tenant's)."""
-        record = self._runs.get(run_id, principal.tenant, thread_id)
+        record = self._host.runs.get(run_id, principal.tenant, thread_id)
         if record is None:
             raise ServingError(404, f"run {run_id!r} not found on thread {thread_id!r}")
         return record
 
     def thread_runs(self, thread_id: str, principal: Principal) -> list[dict[str, Any]]:
-        return [r.json() for r in self._runs.of_thread(thread_id, principal.tenant)]
+        return [r.json() for r in self._host.runs.of_thread(thread_id, principal.tenant)]
 
-    def start_background(self, run: RunRecord, events: AsyncIterator[tuple[str, Any]]) -> None:
+    def start_background(self, started: StartedRun) -> None:
         """Run on in a task of the server's, keeping the frames for `follow`."""
-        self._runs.start_background(run, sse_frames(events), on_end=lambda: None)
+        self._host.runs.start_background(started.record, sse_frames(started.events, started.first), started.events.aclose)
 
     async def aclose(self) -> None:
-        await self._runs.aclose()
+        await self._host.aclose()
 
     async def _run(
         self,
-        entry: RegisteredGraph,
-        thread_id: str,
-        run: RunRecord,
+        graph: Pregel[Any, Any, Any, Any],
+        plan: RunPlan,
         body: RunCreate,
-        request_id: str,
+        prepared: _Prepared,
+        thread_id: str,
         *,
         keep: bool,
-        release: Callable[[], None],
-        principal: Principal,
-    ) -> AsyncIterator[tuple[str, Any]]:
-        graph = entry.threaded if keep else self._scratch_graphs[entry.graph_id]
-        assert graph is not None
-        config: dict[str, Any] = dict(body.config or {})
+    ) -> AsyncGenerator[tuple[str, Any], None]:
+        config: dict[str, Any] = body.config.as_config() if body.config is not None else {}
         configurable = {**config.get("configurable", {}), "thread_id": thread_id}
         if body.checkpoint:
             configurable.update({k: v for k, v in body.checkpoint.items() if k != "thread_id" and v is not None})
         if body.checkpoint_id:
             configurable["checkpoint_id"] = body.checkpoint_id
         config["configurable"] = configurable
-        assistant_id = assistant_uuid(entry.graph_id)
-        run_id = run.run_id
         config["metadata"] = {
             **config.get("metadata", {}),
             **(body.metadata or {}),
-            "run_id": run_id,
+            "run_id": plan.run_id,
             "thread_id": thread_id,
-            "graph_id": entry.graph_id,
-            "assistant_id": assistant_id,
+            "graph_id": plan.target,
+            "assistant_id": assistant_uuid(plan.target),
             "run_attempt": 1,
         }
-        graph_input: Any = Command(**body.command) if body.command else body.input
-        context_fields = {f.name for f in dataclasses.fields(RunContext)}
-        guard = OutputGuard(self._guardrails.output_policy(principal))
-        context = RunContext(
-            **{k: v for k, v in (body.context or {}).items() if k in context_fields and k not in _SERVER_CONTEXT},
-            request_id=request_id,
-            tenant=principal.tenant,
-            allowed_collections=tuple(principal.settings.collections),
-            allowed_tools=tuple(principal.settings.tools),
-            approvals=keep,  # a thread can be resumed with the answer
-            on_tool_call=tool_call_sink(
-                self._audit, self._metrics.tool_calls, request_id=request_id, graph=entry.graph_id,
-                tenant=principal.tenant, key_id=principal.key_id, run_id=run.run_id,
-            ),
-            output_policy=guard.policy,
-        )
         modes = body.modes()
-        if keep:
-            await self._threads.update(thread_id, status="busy", graph_id=entry.graph_id)
-            await self._threads.set_metadata(thread_id, {"graph_id": entry.graph_id, "assistant_id": assistant_id})
-        status: ThreadStatus = "error"
-        outcome = "error"
-        set_run_id(run_id)  # the request's log lines from here on carry it
-        span = self._tracing.start_run(
-            "langgraph",
-            entry.graph_id,
-            **{
-                "switchyard.protocol": "langgraph",
-                "switchyard.request_id": request_id,
-                "switchyard.run_id": run_id,
-                "switchyard.thread_id": thread_id if keep else None,
-                "switchyard.tenant": principal.tenant,
-            },
-        )
-        if span.callbacks:
-            config["callbacks"] = span.callbacks
-        error: BaseException | None = None
-        self._metrics.runs_in_flight.inc()
-        run.set_status("running")
-        run_status: RunStatus = "error"
         try:
-            yield "metadata", {"run_id": run_id, "attempt": 1}
-            stream = graph.astream(
-                graph_input,
-                config,
-                context=context,
-                stream_mode=[_LIB_MODE.get(m, m) for m in modes],
-                subgraphs=body.stream_subgraphs,
-                version="v2",
-            )
-            async with aclosing(stream) as parts:
-                async for part in parts:
-                    kind = part["type"]
-                    name = "messages" if kind == "messages" else kind
-                    if part["ns"]:
-                        name = f"{name}|{'|'.join(part['ns'])}"
-                    data = part["data"]
-                    if kind == "values" and part.get("interrupts"):
-                        data = {**data, "__interrupt__": _interrupts(part["interrupts"])}
-                    elif kind == "messages":
-                        data = list(data)
-                        if guard.active:
-                            data[0] = _checked_message(data[0], guard)
-                    yield name, data
-            status = "idle"
-            if keep:  # a stateless run's thread is deleted below: no status to keep
-                snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
-                status = "interrupted" if snapshot.next else "idle"
-            outcome = "ok"
-            run_status = "success"
-        except OutputBlockedError as exc:
-            # Closing the graph's stream (leaving the loop) stopped the run.
-            outcome, status = "blocked", "idle"
-            self._metrics.output_checks.labels("langgraph", "blocked").inc()
-            self._audit.append(
-                "output_blocked", request_id=request_id, kind="langgraph", target=entry.graph_id, term=guard.blocked,
-                run_id=run_id, tenant=principal.tenant, key_id=principal.key_id,
-            )
-            yield "error", {"error": "OutputBlocked", "message": str(exc)}
-        except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
-            error = exc
-            log.warning("run %s on thread %s failed: %r", run_id, thread_id, exc)
-            if isinstance(exc, (BackendUnavailableError, BackendResponseError)):
-                self._metrics.backend_errors.labels(exc.backend_id, type(exc).__name__).inc()
-            yield "error", {"error": exc.__class__.__name__, "message": str(exc)}
-        except BaseException:
-            status = "idle"  # cancelled (client gone, deadline): the thread stays usable
-            outcome = "cancelled"
-            run_status = "timeout" if isinstance(run.guard.error, RunDeadlineError) else "interrupted"
-            raise
+            async with self._host.open(plan) as run:
+                if run.span.callbacks:
+                    config["callbacks"] = run.span.callbacks
+                yield "metadata", {"run_id": plan.run_id, "attempt": 1}
+                try:
+                    stream = graph.astream(
+                        prepared.graph_input,
+                        config,
+                        context=run.context(),
+                        stream_mode=[_LIB_MODE.get(m, m) for m in modes],
+                        subgraphs=body.stream_subgraphs,
+                        version="v2",
+                    )
+                    guard = run.guard
+                    async with aclosing(run.events(stream)) as parts:
+                        async for part in parts:
+                            kind = part["type"]
+                            name = "messages" if kind == "messages" else kind
+                            if part["ns"]:
+                                name = f"{name}|{'|'.join(part['ns'])}"
+                            data = part["data"]
+                            if kind == "values" and part.get("interrupts"):
+                                data = {**data, "__interrupt__": _interrupts(part["interrupts"])}
+                            elif kind == "messages":
+                                run.token()
+                                data = list(data)
+                                if guard.active:
+                                    data[0] = _checked_message(data[0], guard)
+                            yield name, data
+                    if keep:
+                        await run.stage("snapshot")
+                        snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+                        # Waiting for an answer only if a task asked (a cancelled run
+                        # leaves `next` set too).
+                        run.thread_status = "interrupted" if snapshot.interrupts else "idle"
+                except OutputBlockedError as exc:
+                    # Closing the graph's stream (leaving the loop) stopped the run.
+                    run.blocked()
+                    run.thread_status = "idle"
+                    yield "error", {"error": "OutputBlocked", "message": str(exc)}
+                except (RunDeadlineError, RunCancelledError):
+                    raise
+                except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
+                    log.warning("run %s on thread %s failed: %r", plan.run_id, thread_id, exc)
+                    run.fail(exc)
+                    yield "error", {"error": exc.__class__.__name__, "message": str(exc)}
         finally:
-            if guard.redactions and not guard.blocked:
-                self._metrics.output_checks.labels("langgraph", "redacted").inc()
-            span.set(**{"switchyard.thread_status": status if keep else None})
-            span.end(outcome, error)
-            self._metrics.runs_in_flight.dec()
-            self._metrics.runs.labels("langgraph", entry.graph_id, outcome).inc()
-            self._audit.append(
-                "run", request_id=request_id, kind="langgraph", target=entry.graph_id, outcome=outcome,
-                run_id=run_id, thread_id=thread_id if keep else None, thread_status=status,
-                tenant=principal.tenant, key_id=principal.key_id,
-            )
-            release()
-            try:
-                if keep:
-                    await self._threads.update(thread_id, status=status)
-                else:
-                    await self._scratch.adelete_thread(thread_id)
-            finally:
-                self._runs.ended(run)
-                run.finish(run_status)
+            if not keep:  # in memory: nothing to wait for
+                await self._scratch.adelete_thread(thread_id)

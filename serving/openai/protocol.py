@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+
+from serving._json import json_problem
 
 __all__ = [
     "ChatCompletion",
@@ -70,8 +72,8 @@ class ChatCompletionRequest(OpenAIBaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = Field(default=1, ge=1)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    n: int = Field(default=1, ge=1, le=128)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     tools: list[dict[str, Any]] | None = None
@@ -81,6 +83,15 @@ class ChatCompletionRequest(OpenAIBaseModel):
     collection: str | None = Field(default=None, min_length=1, max_length=64)
     """Switchyard extension, for retrieval graphs (``rag``): the knowledge collection to
     search (default: ``knowledge.default_collection``)."""
+
+    @model_validator(mode="after")
+    def _storable(self) -> ChatCompletionRequest:
+        # A lone surrogate or a 70-bit seed cannot be sent to a backend as JSON: refused
+        # here, naming where it is.
+        problem = json_problem({name: getattr(self, name) for name in self.model_fields_set})
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     def completion_limit(self) -> int | None:
         """``max_completion_tokens``, or the legacy ``max_tokens``."""

@@ -106,6 +106,7 @@ async def chat_completions(
     server = request.app.state.platform.settings.server
     return EventStream(
         _frames(first, stream),
+        close=stream.aclose,
         keepalive_s=server.keepalive_s,
         drain=request.app.state.drain,
         grace_s=server.shutdown_grace_s,

@@ -19,28 +19,23 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, convert_to_messages
 
-from gateway import BackendResponseError, BackendUnavailableError, ModelGateway
+from gateway import ModelGateway
 from graphs import (
     Citations,
     Finish,
     GraphEvent,
     GraphRegistry,
     OutputBlockedError,
-    OutputPolicy,
-    RunContext,
     TextDelta,
     ToolCallDelta,
     ToolResult,
     message_events,
 )
-from serving._tasks import RunDeadlineError, with_deadline
-from serving.audit import AuditLog, tool_call_sink
+from serving._tasks import RunDeadlineError
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
-from serving.guardrails import Guardrails, OutputGuard, message_texts
-from serving.limits import RunSlots
-from serving.tracing import NO_TRACING, NoTracing, RunSpan, Tracing
-from serving.observability import ServingMetrics, set_run_id
+from serving.guardrails import OutputGuard
+from serving.runs import ActiveRun, RunChecks, RunHost, RunPlan
 from serving.openai.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -159,25 +154,13 @@ def _content_filter_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
 
 class ChatCompletionService:
     """Serves ``/v1/chat/completions`` and ``/v1/models`` from the platform's graphs
-    and model aliases."""
+    and model aliases; every run goes through the `RunHost`."""
 
-    def __init__(
-        self,
-        gateway: ModelGateway,
-        graphs: GraphRegistry,
-        metrics: ServingMetrics,
-        slots: RunSlots,
-        audit: AuditLog,
-        guardrails: Guardrails,
-        tracing: Tracing | NoTracing = NO_TRACING,
-    ) -> None:
-        self._tracing = tracing
-        self._guardrails = guardrails
-        self._audit = audit
+    def __init__(self, gateway: ModelGateway, graphs: GraphRegistry, host: RunHost, checks: RunChecks) -> None:
         self._gateway = gateway
         self._graphs = graphs
-        self._metrics = metrics
-        self._slots = slots
+        self._host = host
+        self._checks = checks
 
     def models(self, principal: Principal) -> ModelList:
         """Graphs first, then model aliases, those the caller may use."""
@@ -188,11 +171,15 @@ class ChatCompletionService:
         ]
         return ModelList(data=cards)
 
-    def _check(self, request: ChatCompletionRequest, principal: Principal) -> str:
-        self._guardrails.check_input(message_texts(request.model_dump(include={"messages"})["messages"]), principal)
+    def _plan(
+        self, request: ChatCompletionRequest, request_id: str, principal: Principal, deadline_s: float | None
+    ) -> tuple[RunPlan, list[BaseMessage]]:
+        """Check the request (nothing is taken yet) and describe its run; for a graph,
+        its messages as LangChain messages."""
+        self._checks.messages(request.model_dump(include={"messages"})["messages"], principal, param="messages")
+        messages: list[BaseMessage] = []
         if request.model in self._graphs:
-            if not principal.settings.allows_graph(request.model):
-                raise ServingError(403, f"tenant {principal.tenant!r} may not use graph {request.model!r}")
+            kind: Any = "graph"
             if request.n != 1:
                 raise RequestError("a graph answers once: only n=1 is supported", param="n")
             if request.model_extra:
@@ -202,47 +189,39 @@ class ChatCompletionService:
                     f"graph {request.model!r} brings its own tools; send client tools to a model alias instead",
                     param="tools",
                 )
-            spec = self._graphs.get(request.model).spec
-            self._gateway.check_capabilities(self._gateway.backend(spec.model), request.model_dump(exclude_none=True))
-            return "graph"
-        self._gateway.backend(request.model)  # raises UnknownModelError naming what exists
-        if not principal.settings.allows_model(request.model):
-            raise ServingError(403, f"tenant {principal.tenant!r} may not use model {request.model!r}")
-        return "alias"
+            self._checks.graph(request.model, principal, request.sampling_params())
+            messages = _to_langchain(request.messages)
+        else:
+            kind = "alias"
+            self._gateway.backend(request.model)  # raises UnknownModelError naming what exists
+            if not principal.settings.allows_model(request.model):
+                raise ServingError(403, f"tenant {principal.tenant!r} may not use model {request.model!r}")
+        plan = RunPlan(
+            protocol="openai",
+            kind=kind,
+            target=request.model,
+            principal=principal,
+            request_id=request_id,
+            run_id=f"chatcmpl-{uuid.uuid4().hex}",
+            deadline_s=deadline_s,
+            model_params=request.sampling_params(),
+            collection=request.collection,
+            attributes={"switchyard.stream": bool(request.stream)},
+        )
+        return plan, messages
 
-    def _run_events(
-        self,
-        request: ChatCompletionRequest,
-        request_id: str,
-        deadline_s: float | None,
-        span: RunSpan,
-        policy: OutputPolicy | None,
-        principal: Principal,
-    ) -> AsyncIterator[GraphEvent]:
+    def _run_events(self, request: ChatCompletionRequest, messages: list[BaseMessage], run: ActiveRun) -> AsyncIterator[GraphEvent]:
         """Start the graph run for a request; its events, in the caller's task."""
         graph = self._graphs.get(request.model).graph
         stream = graph.astream(
-            {"messages": _to_langchain(request.messages)},
-            {"callbacks": span.callbacks} if span.callbacks else None,
-            context=RunContext(
-                request_id=request_id,
-                model_params=request.sampling_params(),
-                collection=request.collection,
-                tenant=principal.tenant,
-                allowed_collections=tuple(principal.settings.collections),
-                allowed_tools=tuple(principal.settings.tools),
-                approvals=False,  # a stateless run cannot be resumed with an answer
-                on_tool_call=tool_call_sink(
-                    self._audit, self._metrics.tool_calls, request_id=request_id, graph=request.model,
-                    tenant=principal.tenant, key_id=principal.key_id,
-                ),
-                output_policy=policy,
-            ),
+            {"messages": messages},
+            {"callbacks": run.span.callbacks} if run.span.callbacks else None,
+            context=run.context(),
             # `updates` only for graphs that report sources (citations): it costs ~2 ms a run.
             stream_mode=["messages", "updates"] if "sources" in graph.channels else ["messages"],
             version="v2",
         )
-        return with_deadline(message_events(stream), deadline_s)
+        return run.events(message_events(stream))
 
     # ---- streaming -------------------------------------------------------------------
 
@@ -255,107 +234,26 @@ class ChatCompletionService:
         down (callers turn that into a JSON error with its status); after the first
         payload, errors are the caller's to encode as a final error event.
         """
-        kind = self._check(request, principal)
-        release = self._slots.acquire(principal)
-        span = self._start_span(kind, request, request_id, principal)
-        usage: dict[str, int] = {}
-        guard = OutputGuard(self._guardrails.output_policy(principal))
-        events = (
-            self._graph_chunks(request, request_id, deadline_s, usage, span, guard, principal)
-            if kind == "graph"
-            else self._alias_chunks(request, deadline_s, usage, guard)
-        )
-        started = time.perf_counter()
-        first_at = 0.0
-        self._metrics.runs_in_flight.inc()
-        outcome = "error"
-        error: BaseException | None = None
-        try:
-            async with aclosing(events) as chunks:
-                async for payload in chunks:
-                    if not first_at:
-                        first_at = time.perf_counter()
-                        self._metrics.time_to_first_token.labels(kind).observe(first_at - started)
+        plan, messages = self._plan(request, request_id, principal, deadline_s)
+        async with self._host.open(plan) as run:
+            chunks = self._graph_chunks(request, messages, run) if plan.kind == "graph" else self._alias_chunks(request, run)
+            async with aclosing(chunks) as payloads:
+                async for payload in payloads:
+                    if not run.first_at:
+                        run.token()
                     yield payload
-            outcome = "blocked" if guard.blocked else "ok"
             yield "[DONE]"
-        except BaseException as exc:
-            outcome = "cancelled" if not isinstance(exc, Exception) else "error"
-            error = exc
-            self._count_backend_error(exc)
-            raise
-        finally:
-            release()
-            self._metrics.runs_in_flight.dec()
-            tokens = usage.get("completion_tokens", 0)
-            self._record_run(kind, request.model, outcome, tokens, first_at, request_id, principal)
-            self._record_output_check(guard, kind, request.model, request_id, principal)
-            span.set(**{
-                "gen_ai.usage.output_tokens": tokens,
-                "switchyard.ttft_ms": round((first_at - started) * 1000, 1) if first_at else None,
-            })
-            span.end(outcome, error)
-
-    def _start_span(self, kind: str, request: ChatCompletionRequest, request_id: str, principal: Principal) -> RunSpan:
-        return self._tracing.start_run(
-            kind,
-            request.model,
-            **{
-                "switchyard.protocol": "openai",
-                "switchyard.request_id": request_id,
-                "switchyard.tenant": principal.tenant,
-                "switchyard.stream": bool(request.stream),
-            },
-        )
-
-    def _record_output_check(
-        self, guard: OutputGuard, kind: str, target: str, request_id: str, principal: Principal
-    ) -> None:
-        if guard.blocked:
-            self._metrics.output_checks.labels(kind, "blocked").inc()
-            self._audit.append(
-                "output_blocked", request_id=request_id, kind=kind, target=target, term=guard.blocked,
-                tenant=principal.tenant, key_id=principal.key_id,
-            )
-        elif guard.redactions:
-            self._metrics.output_checks.labels(kind, "redacted").inc()
-
-    def _count_backend_error(self, exc: BaseException) -> None:
-        if isinstance(exc, (BackendUnavailableError, BackendResponseError)):
-            self._metrics.backend_errors.labels(exc.backend_id, type(exc).__name__).inc()
-
-    def _record_run(
-        self, kind: str, target: str, outcome: str, tokens: int, first_at: float, request_id: str, principal: Principal
-    ) -> None:
-        self._metrics.runs.labels(kind, target, outcome).inc()
-        self._audit.append(
-            "run", request_id=request_id, kind=kind, target=target, outcome=outcome, tokens=tokens,
-            tenant=principal.tenant, key_id=principal.key_id,
-        )
-        if tokens:
-            self._metrics.output_tokens.labels(kind, target).inc(tokens)
-            if first_at and (seconds := time.perf_counter() - first_at) > 0:
-                self._metrics.tokens_per_second.labels(kind).observe(tokens / seconds)
 
     async def _graph_chunks(
-        self,
-        request: ChatCompletionRequest,
-        request_id: str,
-        deadline_s: float | None,
-        usage: dict[str, int],
-        span: RunSpan,
-        guard: OutputGuard,
-        principal: Principal,
+        self, request: ChatCompletionRequest, messages: list[BaseMessage], run: ActiveRun
     ) -> AsyncIterator[str]:
-        encoder = _ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.model)
-        set_run_id(encoder.completion_id)
-        span.set(**{"switchyard.run_id": encoder.completion_id})
+        encoder = _ChunkEncoder(run.plan.run_id, int(time.time()), request.model)
+        guard = run.guard
         role_sent = False
-        events = self._run_events(request, request_id, deadline_s, span, guard.policy, principal)
-        async with aclosing(events) as events:
+        async with aclosing(self._run_events(request, messages, run)) as events:
             try:
                 async for event in events:
-                    for chunk in self._encode(event, encoder, request, usage, guard):
+                    for chunk in self._encode(event, encoder, request, run, guard):
                         if not role_sent:
                             yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
                             role_sent = True
@@ -369,7 +267,7 @@ class ChatCompletionService:
 
     @staticmethod
     def _encode(
-        event: GraphEvent, encoder: _ChunkEncoder, request: ChatCompletionRequest, usage: dict[str, int], guard: OutputGuard
+        event: GraphEvent, encoder: _ChunkEncoder, request: ChatCompletionRequest, run: ActiveRun, guard: OutputGuard
     ) -> Iterator[str]:
         """The payloads of one event (a plain generator: no await per token).
 
@@ -394,7 +292,7 @@ class ChatCompletionService:
         elif isinstance(event, Finish):
             if rest := guard.flush(0):
                 yield encoder.content(rest)
-            usage["completion_tokens"] = event.completion_tokens
+            run.tokens = event.completion_tokens
             totals = _usage(event.prompt_tokens, event.completion_tokens)
             yield encoder.chunk(Delta(), finish_reason=event.reason, usage=totals).model_dump_json()
             if request.stream_options and request.stream_options.include_usage:
@@ -403,17 +301,15 @@ class ChatCompletionService:
                 )
                 yield last.model_dump_json()
 
-    async def _alias_chunks(
-        self, request: ChatCompletionRequest, deadline_s: float | None, usage: dict[str, int], guard: OutputGuard
-    ) -> AsyncIterator[str]:
+    async def _alias_chunks(self, request: ChatCompletionRequest, run: ActiveRun) -> AsyncIterator[str]:
         body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        guard = run.guard
         # The gateway always asks the backend for a usage-only chunk at the end. The
         # chunk carrying finish_reason is held back until it arrives, so the last
         # chunk has both; the OpenAI-style usage chunk follows if the client asked.
         held: dict[str, Any] | None = None
-        relay = with_deadline(self._gateway.stream_chat(request.model, body), deadline_s)
-        async with aclosing(relay) as chunks:
+        async with aclosing(run.events(self._gateway.stream_chat(request.model, body))) as chunks:
             async for chunk in chunks:
                 if guard.active and chunk.get("choices"):
                     try:
@@ -428,7 +324,7 @@ class ChatCompletionService:
                     chunk = checked
                 choices = chunk.get("choices")
                 if not choices:
-                    usage["completion_tokens"] = int((chunk.get("usage") or {}).get("completion_tokens", 0))
+                    run.tokens = int((chunk.get("usage") or {}).get("completion_tokens", 0))
                     if held is not None:
                         held["usage"] = chunk.get("usage")
                         yield json.dumps(held)
@@ -452,60 +348,31 @@ class ChatCompletionService:
         self, request: ChatCompletionRequest, request_id: str, principal: Principal, deadline_s: float | None = None
     ) -> ChatCompletion | dict[str, Any]:
         """A whole answer (``stream: false``)."""
-        kind = self._check(request, principal)
-        release = self._slots.acquire(principal)
-        span = self._start_span(kind, request, request_id, principal)
-        guard = OutputGuard(self._guardrails.output_policy(principal))
-        self._metrics.runs_in_flight.inc()
-        outcome = "error"
-        error: BaseException | None = None
-        tokens = 0
-        try:
-            if kind == "alias":
+        plan, messages = self._plan(request, request_id, principal, deadline_s)
+        async with self._host.open(plan) as run:
+            if plan.kind == "alias":
                 body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
                 try:
-                    answer = await asyncio.wait_for(self._gateway.complete_chat(request.model, body), deadline_s)
+                    answer: ChatCompletion | dict[str, Any] = await asyncio.wait_for(
+                        self._gateway.complete_chat(request.model, body), deadline_s
+                    )
                 except TimeoutError:
                     raise RunDeadlineError(deadline_s or 0) from None
-                tokens = int((answer.get("usage") or {}).get("completion_tokens", 0))
-                if guard.active:
-                    _check_alias_answer(answer, guard)
+                run.tokens = int((answer.get("usage") or {}).get("completion_tokens", 0))
+                if run.guard.active:
+                    _check_alias_answer(answer, run.guard)
             else:
-                answer = await self._complete_graph(request, request_id, deadline_s, span, guard, principal)
-                tokens = answer.usage.completion_tokens if answer.usage else 0
-            outcome = "blocked" if guard.blocked else "ok"
+                answer = await self._complete_graph(request, messages, run)
+                run.tokens = answer.usage.completion_tokens if answer.usage else 0
             return answer
-        except asyncio.CancelledError:
-            outcome = "cancelled"  # the client went away
-            raise
-        except Exception as exc:
-            error = exc
-            self._count_backend_error(exc)
-            raise
-        finally:
-            release()
-            self._metrics.runs_in_flight.dec()
-            self._record_run(kind, request.model, outcome, tokens, 0.0, request_id, principal)
-            self._record_output_check(guard, kind, request.model, request_id, principal)
-            span.set(**{"gen_ai.usage.output_tokens": tokens})
-            span.end(outcome, error)
 
-    async def _complete_graph(
-        self,
-        request: ChatCompletionRequest,
-        request_id: str,
-        deadline_s: float | None,
-        span: RunSpan,
-        guard: OutputGuard,
-        principal: Principal,
-    ) -> ChatCompletion:
+    async def _complete_graph(self, request: ChatCompletionRequest, messages: list[BaseMessage], run: ActiveRun) -> ChatCompletion:
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish = Finish(reason="stop", prompt_tokens=0, completion_tokens=0)
         citations: list[Citation] | None = None
         tool_results: list[ToolResultOut] = []
-        events = self._run_events(request, request_id, deadline_s, span, guard.policy, principal)
-        async with aclosing(events) as events:
+        async with aclosing(self._run_events(request, messages, run)) as events:
             async for event in events:
                 if isinstance(event, Citations):
                     citations = [Citation(**c) for c in event.sources]
@@ -524,13 +391,14 @@ class ChatCompletionService:
                     finish = event
         content = "".join(text)
         reason = finish.reason
+        guard = run.guard
         try:
             content = guard.feed(0, content) + guard.flush(0)
         except OutputBlockedError as exc:
             content, reason, calls = str(exc), "content_filter", {}
         message = ResponseMessage(content=content or None, tool_calls=[calls[i] for i in sorted(calls)] or None)
         return ChatCompletion(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
+            id=run.plan.run_id,
             created=int(time.time()),
             model=request.model,
             choices=[Choice(message=message, finish_reason=reason)],

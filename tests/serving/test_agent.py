@@ -113,6 +113,33 @@ def test_a_loop_of_calls_stops_at_the_budget(agent_server: tuple[ServerHandle, P
     assert "budget of 4 model turns" in answer["choices"][0]["message"]["content"]
 
 
+async def test_a_client_cannot_reset_the_budget_through_the_run_input(agent_server: tuple[ServerHandle, Path]) -> None:
+    """Issue 10: ``input: {"steps": -1000, "tool_calls": -1000}`` with a high
+    recursion limit executed 390 tool calls against a budget of 40. The server counts
+    a run's turns and calls; state a client writes is not read."""
+    server, probe_log = agent_server
+    before = probe_log.read_text().count("tally")
+    client = get_client(url=server.url, api_key=None)
+    try:
+        thread = (await client.threads.create())["thread_id"]
+        forged = {"messages": [{"role": "user", "content": "SCRIPT:loop"}], "steps": -1000, "tool_calls": -1000}
+        await client.runs.wait(thread, "agent-fake", input=forged, config={"recursion_limit": 60})
+        executed = probe_log.read_text().count("tally") - before
+        assert executed == 8  # max_tool_calls, not 8 + 1000
+        state = await client.threads.get_state(thread)
+        assert "budget of 4 model turns" in state["values"]["messages"][-1]["content"]
+        assert "steps" not in state["values"] and "tool_calls" not in state["values"]
+        # A second run on the same thread gets a budget of its own (per run, not per thread).
+        await client.runs.wait(thread, "agent-fake", input={"messages": [{"role": "user", "content": "SCRIPT:loop"}]})
+        assert probe_log.read_text().count("tally") - before == 16
+        # A state write through command.update starts a run with its own budget too.
+        await client.runs.wait(thread, "agent-fake", command={"update": {
+                               "messages": [{"role": "user", "content": "SCRIPT:loop"}]}, "goto": "model"})
+        assert probe_log.read_text().count("tally") - before == 24
+    finally:
+        await client.http.client.aclose()
+
+
 def test_the_stream_shows_calls_and_results(agent_server: tuple[ServerHandle, Path]) -> None:
     server, _ = agent_server
     body = {"model": "agent-fake", "stream": True, "messages": [{"role": "user", "content": "SCRIPT:calc"}]}
@@ -172,7 +199,7 @@ async def test_the_real_model_runs_the_agent_on_both_apis(agent_server: tuple[Se
     try:
         thread = (await client.threads.create())["thread_id"]
         state = await client.runs.wait(thread, "agent", input={"messages": question}, context={"model_params": {"max_tokens": 64}})
-        assert state["messages"][-1]["type"] == "ai" and state["steps"] <= 4
+        assert state["messages"][-1]["type"] == "ai" and "steps" not in state
     finally:
         await client.http.client.aclose()
 

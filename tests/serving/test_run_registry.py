@@ -3,7 +3,7 @@ forgets stateless runs once they end (nothing can address them)."""
 
 from __future__ import annotations
 
-from serving.langgraph_api.runs import RunRecord, RunRegistry
+from serving.runs import RunRecord, RunRegistry
 
 
 def _record(n: int, thread: str | None = "t") -> RunRecord:

@@ -7,14 +7,21 @@ run (``POST /threads/{id}/runs``, or a stream with ``stream_resumable`` or
 its record: any number of clients can join its stream and resume after event id N
 (``Last-Event-ID``). Records live in memory for ``retention_s`` after the run ends;
 threads and their checkpoints are what survives a restart.
+
+Kept frames are bounded: a run keeps at most ``replay_bytes`` of them (older frames
+are dropped first; a client resuming before the oldest kept frame gets an SSE comment
+saying how many were dropped, then the rest), and finished runs keep at most
+``finished_replay_bytes`` in all (the oldest finished runs lose their frames first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -22,6 +29,8 @@ from typing import Any, Literal
 from serving._tasks import RunGuard
 
 __all__ = ["RunRecord", "RunRegistry", "RunStatus"]
+
+log = logging.getLogger(__name__)
 
 RunStatus = Literal["pending", "running", "error", "success", "timeout", "interrupted"]
 
@@ -44,7 +53,13 @@ class RunRecord:
     created_at: str = field(default_factory=_now)
     updated_at: str = field(default_factory=_now)
     frames: list[str] | None = None
-    """SSE frames of a background run, frame i carrying ``id: i``."""
+    """SSE frames of a background run still kept; ``frames[i]`` carries ``id:
+    dropped + i``."""
+    dropped: int = 0
+    """Frames dropped from the front of ``frames`` (the replay buffer is bounded)."""
+    frames_bytes: int = 0
+    replay_bytes: int = 1 << 20
+    """The most frame bytes this run keeps."""
     ended_at: float | None = None
     _done: asyncio.Event = field(default_factory=asyncio.Event)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -82,21 +97,40 @@ class RunRecord:
     def append(self, frame: str) -> None:
         assert self.frames is not None
         self.frames.append(frame)
+        self.frames_bytes += len(frame)
+        # Keep the newest frame even if it alone is over the limit.
+        while self.frames_bytes > self.replay_bytes and len(self.frames) > 1:
+            self.frames_bytes -= len(self.frames.pop(0))
+            self.dropped += 1
         self._changed.set()
 
+    def drop_frames(self) -> int:
+        """Forget every kept frame (a finished run's, to bound memory); returns the
+        bytes freed."""
+        freed = self.frames_bytes
+        if self.frames:
+            self.dropped += len(self.frames)
+            self.frames.clear()
+        self.frames_bytes = 0
+        return freed
+
     async def follow(self, after: int = -1) -> AsyncIterator[str]:
-        """The frames after event id ``after``, then new ones as they come, until the
-        run has ended."""
+        """The frames after event id ``after`` (``-1``: all kept), then new ones as
+        they come, until the run has ended."""
         assert self.frames is not None
-        index = after + 1
+        index = max(after + 1, 0)
+        if index < self.dropped:
+            yield f": {self.dropped - index} earlier events are no longer kept\n\n"
         while True:
-            while index < len(self.frames):
-                yield self.frames[index]
+            index = max(index, self.dropped)
+            while index - self.dropped < len(self.frames):
+                yield self.frames[index - self.dropped]
                 index += 1
+                index = max(index, self.dropped)
             if self.done:
                 return
             self._changed.clear()
-            if index < len(self.frames) or self.done:
+            if index - self.dropped < len(self.frames) or self.done:
                 continue
             await self._changed.wait()
 
@@ -104,14 +138,26 @@ class RunRecord:
 class RunRegistry:
     """The process's run records, by run id and by thread."""
 
-    def __init__(self, *, retention_s: float = 3600.0, max_finished: int = 1000) -> None:
+    def __init__(
+        self,
+        *,
+        retention_s: float = 3600.0,
+        max_finished: int = 1000,
+        replay_bytes: int = 1 << 20,
+        finished_replay_bytes: int = 64 << 20,
+    ) -> None:
+        self._replay_bytes = replay_bytes
+        self._finished_replay_bytes = finished_replay_bytes
+        self._finished_frames = 0
+        """Bytes of frames kept by finished runs."""
         self._runs: dict[str, RunRecord] = {}
         self._active: dict[str, RunRecord] = {}
         self._finished: deque[RunRecord] = deque()
         """Finished runs kept for reads, oldest first (runs end in this order)."""
         self._retention_s = retention_s
         self._max_finished = max_finished
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], Callable[[], Awaitable[None]]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     def add(self, record: RunRecord) -> None:
         self._prune()
@@ -128,6 +174,11 @@ class RunRegistry:
         if self._active.get(record.thread_id) is record:
             del self._active[record.thread_id]
         self._finished.append(record)
+        self._finished_frames += record.frames_bytes
+        for old in self._finished:
+            if self._finished_frames <= self._finished_replay_bytes:
+                break
+            self._finished_frames -= old.drop_frames()
 
     def active(self, thread_id: str) -> RunRecord | None:
         return self._active.get(thread_id)
@@ -142,26 +193,50 @@ class RunRegistry:
         found = [r for r in self._runs.values() if r.thread_id == thread_id and r.tenant == tenant]
         return sorted(found, key=lambda r: r.created_at, reverse=True)
 
-    def start_background(self, record: RunRecord, frames: AsyncIterator[str], on_end: Callable[[], None]) -> None:
-        """Pump ``frames`` into the record from a task of its own."""
+    def start_background(
+        self, record: RunRecord, frames: AsyncGenerator[str, None], close: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Pump ``frames`` into the record from a task of its own.
+
+        Args:
+            record: the run's record; it keeps the frames.
+            frames: the run's SSE frames; closed when the pump ends.
+            close: closes the run's own (already started) event source: called if the
+                pump is cancelled before its first step (server shutdown), when
+                closing ``frames`` would not reach it.
+        """
         record.frames = []
+        record.replay_bytes = self._replay_bytes
 
         async def pump() -> None:
-            try:
+            async with aclosing(frames):
                 async for frame in frames:
                     record.append(frame)
-            finally:
-                on_end()
 
         task = asyncio.get_running_loop().create_task(pump())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = close
+        task.add_done_callback(self._pumped)
+
+    def _pumped(self, task: asyncio.Task[None]) -> None:
+        close = self._tasks.pop(task, None)
+        if not task.cancelled():
+            if (error := task.exception()) is not None:
+                log.error("background run failed", exc_info=error)
+            return
+        if close is not None:
+            # Closing an event source that has ended already does nothing; one that the
+            # cancelled pump never reached runs its clean-up now.
+            closing = asyncio.get_running_loop().create_task(close())  # type: ignore[arg-type]
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     def _prune(self) -> None:
         horizon = time.monotonic() - self._retention_s
         finished = self._finished
         while finished and (len(finished) > self._max_finished or (finished[0].ended_at or 0) < horizon):
-            self._runs.pop(finished.popleft().run_id, None)
+            old = finished.popleft()
+            self._finished_frames -= old.drop_frames()
+            self._runs.pop(old.run_id, None)
 
     async def aclose(self) -> None:
         """Cancel background runs (server shutdown) and wait for their clean-up."""
@@ -169,3 +244,5 @@ class RunRegistry:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
