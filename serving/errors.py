@@ -119,7 +119,10 @@ def _response(request: Request, error: ApiError) -> JSONResponse:
     # (FastAPI) shape, {"detail": ...}, which langgraph-sdk turns into its messages.
     if request.url.path.startswith("/v1/") or request.url.path == "/v1":
         return JSONResponse(error_body(error).model_dump(), status_code=error.status)
-    return JSONResponse({"detail": error.message}, status_code=error.status)
+    message = error.message
+    if error.param and error.param not in message:
+        message = f"{error.param}: {message}"  # the LangGraph shape has no field for it
+    return JSONResponse({"detail": message}, status_code=error.status)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
