@@ -43,3 +43,36 @@ async def test_stateless_runs_are_forgotten_when_they_end() -> None:
     assert registry.get("r1", "tenant") is run
     registry.ended(run)
     assert registry.get("r1", "tenant") is None
+
+
+async def _drain(record: RunRecord, after: int = -1) -> list[str]:
+    return [frame async for frame in record.follow(after)]
+
+
+async def test_a_runs_kept_frames_are_bounded_and_resume_says_what_was_dropped() -> None:
+    record = _record(1)
+    record.frames, record.replay_bytes = [], 100
+    frames = [f"event: values\ndata: {n:04d}\nid: {n}\n\n" for n in range(20)]  # 33 bytes each
+    for frame in frames:
+        record.append(frame)
+    record.finish("success")
+    assert record.frames_bytes <= 100 and record.dropped == 17
+    assert await _drain(record, after=17) == frames[18:]
+    resumed = await _drain(record, after=2)
+    assert resumed[0] == ": 14 earlier events are no longer kept\n\n" and resumed[1:] == frames[17:]
+    assert await _drain(record, after=99) == []
+
+
+async def test_finished_runs_frames_are_bounded_in_all() -> None:
+    registry = RunRegistry(finished_replay_bytes=270)
+    records = [_record(n, thread=f"t{n}") for n in range(5)]
+    for record in records:
+        registry.add(record)
+        record.frames = []
+        for n in range(3):
+            record.append(f"event: values\ndata: {n}\nid: {n}\n\n")  # 29 bytes each: three runs fit
+        registry.ended(record)
+        record.finish("success")
+    kept = [len(r.frames or []) for r in records]
+    assert kept == [0, 0, 3, 3, 3]  # the oldest finished runs lost their frames first
+    assert await _drain(records[0]) == [": 3 earlier events are no longer kept\n\n"]
