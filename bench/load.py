@@ -5,8 +5,11 @@ Modes:
     ``switchyard``  start the scripted backend and ``switchyard serve`` in front of it, then load
                     through Switchyard, sampling its CPU per level: ``model: "chat"`` (LangGraph
                     chat graph) and ``model: "chat-default"`` (alias passthrough) on the OpenAI
-                    endpoint, and the ``chat`` graph on the LangGraph Server API
-                    (``POST /runs/stream``, ``messages-tuple``); ``--targets`` picks among them.
+                    endpoint, the ``chat`` graph on the LangGraph Server API as a stateless run
+                    (``POST /runs/stream``, ``messages-tuple``), and as a thread create plus a
+                    run on that thread, the way chat UIs work, on SQLite (``langgraph-thread``)
+                    and on a PostgreSQL server started here (``langgraph-thread-pg``), each on a
+                    fresh Switchyard of its own; ``--targets`` picks among them.
     ``all``         (default) floor, then switchyard; print deltas vs floor.
     ``url``         load an already running server (``--base-url``, ``--model``).
 
@@ -16,6 +19,7 @@ hard time cap. Results print as a markdown table and are written to ``bench/resu
 Usage::
 
     .venv/bin/python bench/load.py [--mode all] [--levels 1,10,50] [--targets chat,langgraph-chat]
+    .venv/bin/python bench/load.py --targets langgraph-thread,langgraph-thread-pg --levels 1,10,50,1
 """
 
 from __future__ import annotations
@@ -26,23 +30,25 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import platform
 import resource
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 
-__all__ = ["LoadOptions", "Target", "main"]
+__all__ = ["LoadOptions", "SwitchyardTarget", "Target", "main"]
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -52,15 +58,39 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 Mode = Literal["floor", "switchyard", "all", "url"]
 ClientKind = Literal["raw", "httpx"]
-Protocol = Literal["openai", "langgraph"]
+Protocol = Literal["openai", "langgraph", "langgraph-thread"]
+ThreadStore = Literal["sqlite", "postgres"]
 
-SWITCHYARD_TARGETS: dict[str, tuple[Protocol, str]] = {
-    "chat": ("openai", "chat"),
-    "chat-default": ("openai", "chat-default"),
-    "langgraph-chat": ("langgraph", "chat"),
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SwitchyardTarget:
+    """What one ``--targets`` name loads, and on which server."""
+
+    protocol: Protocol
+    """``openai``: ``POST /v1/chat/completions``; ``langgraph``: a stateless
+    ``POST /runs/stream``; ``langgraph-thread``: ``POST /threads`` then
+    ``POST /threads/{id}/runs/stream`` on the new thread."""
+    model: str
+    """``model`` (OpenAI) or ``assistant_id`` (LangGraph) of each request."""
+    store: ThreadStore | None = None
+    """Thread store of a fresh Switchyard started for this target alone (and stopped after
+    it), so that what it writes, or breaks, does not touch the other targets; ``None``: the
+    shared server, default data dir."""
+
+
+SWITCHYARD_TARGETS: dict[str, SwitchyardTarget] = {
+    "chat": SwitchyardTarget(protocol="openai", model="chat"),
+    "chat-default": SwitchyardTarget(protocol="openai", model="chat-default"),
+    "langgraph-chat": SwitchyardTarget(protocol="langgraph", model="chat"),
+    "langgraph-thread": SwitchyardTarget(protocol="langgraph-thread", model="chat",
+                                         store="sqlite"),
+    "langgraph-thread-pg": SwitchyardTarget(protocol="langgraph-thread", model="chat",
+                                            store="postgres"),
 }
-"""``--targets`` names -> (protocol, model or assistant id); loaded in this order."""
+"""``--targets`` names; loaded in the order given on the command line."""
 PROMPT = "Write a short paragraph about load testing."
+_DETAIL_CHARS = 300
+"""How much of an error body or error event is kept as a sample."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,11 +150,15 @@ class Target:
     model: str
     """``model`` field of each request (``assistant_id`` for ``langgraph``)."""
     protocol: Protocol = "openai"
-    """``openai``: ``POST {base}/chat/completions``; ``langgraph``: ``POST {base}/runs/stream``."""
+    """``openai``: ``POST {base}/chat/completions``; ``langgraph``: ``POST {base}/runs/stream``;
+    ``langgraph-thread``: ``POST {base}/threads``, then ``POST {base}/threads/{id}/runs/stream``."""
     server_pid: int | None = None
     """Process (tree) whose CPU is charged to the server column."""
     backend_pid: int | None = None
     """Scripted backend process, sampled separately when it is not the server."""
+    db_pid: int | None = None
+    """Database server (PostgreSQL postmaster) process tree, sampled separately: with SQLite
+    the database work is inside the server's own CPU, with PostgreSQL it is here."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +170,10 @@ class RequestResult:
     ttft_s: float | None
     tokens: int
     error: str | None = None
+    create_s: float | None = None
+    """``langgraph-thread``: time to the ``POST /threads`` answer (TTFT and latency include it)."""
+    detail: str | None = None
+    """Start of the error body or error event, when there was one."""
 
 
 # --------------------------------------------------------------------------- SSE parsing
@@ -148,7 +186,7 @@ class _StreamAccumulator:
     one JSON chunk, which is all OpenAI-compatible servers send.
     """
 
-    __slots__ = ("_buf", "t_first", "t_done", "chunks", "usage_tokens", "error")
+    __slots__ = ("_buf", "t_first", "t_done", "chunks", "usage_tokens", "error", "detail", "raw")
 
     def __init__(self) -> None:
         self._buf = b""
@@ -157,9 +195,19 @@ class _StreamAccumulator:
         self.chunks = 0
         self.usage_tokens: int | None = None
         self.error: str | None = None
+        self.detail: str | None = None
+        self.raw: bytearray | None = None
+
+    def status_seen(self, status: int) -> None:
+        """Called with the response status: the body of a non-200 is kept, not parsed."""
+        if status != 200:
+            self.raw = bytearray()
 
     def feed(self, data: bytes) -> None:
         """Consume a piece of the body."""
+        if self.raw is not None:
+            _keep(self.raw, data)
+            return
         buf = self._buf + data if self._buf else data
         start = 0
         while (nl := buf.find(b"\n", start)) >= 0:
@@ -179,7 +227,9 @@ class _StreamAccumulator:
             self.error = self.error or "bad_json"
             return
         if "error" in obj:
-            self.error = self.error or "error_event"
+            if self.error is None:
+                self.error = "error_event"
+                self.detail = payload[:_DETAIL_CHARS].decode(errors="replace")
             return
         choices = obj.get("choices")
         if choices and (choices[0].get("delta") or {}).get("content"):
@@ -203,7 +253,7 @@ class _LangGraphAccumulator:
     """
 
     __slots__ = ("_buf", "_event_name", "_data", "t_first", "t_done", "chunks", "usage_tokens",
-                 "error", "_saw_metadata")
+                 "error", "detail", "raw", "_saw_metadata")
 
     def __init__(self) -> None:
         self._buf = b""
@@ -214,10 +264,20 @@ class _LangGraphAccumulator:
         self.chunks = 0
         self.usage_tokens: int | None = None  # never set: tokens are counted as content chunks
         self.error: str | None = None
+        self.detail: str | None = None
+        self.raw: bytearray | None = None
         self._saw_metadata = False
+
+    def status_seen(self, status: int) -> None:
+        """Called with the response status: the body of a non-200 is kept, not parsed."""
+        if status != 200:
+            self.raw = bytearray()
 
     def feed(self, data: bytes) -> None:
         """Consume a piece of the body."""
+        if self.raw is not None:
+            _keep(self.raw, data)
+            return
         buf = self._buf + data if self._buf else data
         start = 0
         while (nl := buf.find(b"\n", start)) >= 0:
@@ -249,12 +309,16 @@ class _LangGraphAccumulator:
         elif name == b"metadata":
             self._saw_metadata = True
         elif name == b"error":
-            self.error = self.error or "error_event"
+            if self.error is None:
+                self.error = "error_event"
+                self.detail = payload[:_DETAIL_CHARS].decode(errors="replace")
 
     def body_end(self) -> None:
         """The response body ended: that is the end of the run."""
         if self.t_done is None:
             self.t_done = time.perf_counter()
+        if self.raw is not None:
+            return
         if self._buf:  # last line without its line end
             self.feed(b"\n")
         if self._data is not None:  # last event without its blank line
@@ -264,11 +328,51 @@ class _LangGraphAccumulator:
             self.error = self.error or "no_metadata"
 
 
-_Accumulator = _StreamAccumulator | _LangGraphAccumulator
+class _BodyAccumulator:
+    """Keeps a whole (small) JSON response body: ``POST /threads``."""
+
+    __slots__ = ("raw", "t_done")
+
+    def __init__(self) -> None:
+        self.raw = bytearray()
+        self.t_done: float | None = None
+
+    def status_seen(self, status: int) -> None:
+        """Every status keeps its body."""
+
+    def feed(self, data: bytes) -> None:
+        """Consume a piece of the body."""
+        self.raw += data
+
+    def body_end(self) -> None:
+        """The body is complete."""
+        self.t_done = time.perf_counter()
+
+    def thread_id(self) -> str | None:
+        """``thread_id`` of a ``Thread`` body, ``None`` if the body is not one."""
+        try:
+            value = json.loads(self.raw).get("thread_id")
+        except (ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) and value else None
 
 
-def _new_accumulator(protocol: Protocol) -> _Accumulator:
-    return _LangGraphAccumulator() if protocol == "langgraph" else _StreamAccumulator()
+def _keep(raw: bytearray, data: bytes) -> None:
+    """Append to an error body sample, up to its cap."""
+    room = _DETAIL_CHARS - len(raw)
+    if room > 0:
+        raw += data[:room]
+
+
+def _detail(raw: bytearray | None) -> str | None:
+    return bytes(raw).decode(errors="replace") if raw else None
+
+
+_Accumulator = _StreamAccumulator | _LangGraphAccumulator | _BodyAccumulator
+
+
+def _new_accumulator(protocol: Protocol) -> _StreamAccumulator | _LangGraphAccumulator:
+    return _StreamAccumulator() if protocol == "openai" else _LangGraphAccumulator()
 
 
 # --------------------------------------------------------------------------- clients
@@ -376,6 +480,8 @@ class _SSEClientProtocol(asyncio.Protocol):
 
     def _start_body(self, head: bytes) -> None:
         self._status = int(head[9:12])
+        assert self._acc is not None
+        self._acc.status_seen(self._status)
         headers: dict[bytes, bytes] = {}
         for line in head.split(b"\r\n")[1:]:
             name, _, value = line.partition(b":")
@@ -400,8 +506,12 @@ class _SSEClientProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-_ENDPOINTS: dict[Protocol, str] = {"openai": "/chat/completions", "langgraph": "/runs/stream"}
-"""Path appended to a target's base URL."""
+_ENDPOINTS: dict[Protocol, str] = {"openai": "/chat/completions", "langgraph": "/runs/stream",
+                                   "langgraph-thread": "/threads/{thread_id}/runs/stream"}
+"""Path of the streamed request, appended to a target's base URL."""
+_THREADS_PATH = "/threads"
+_THREAD_CREATE_BODY = b"{}"
+"""``POST /threads`` as ``langgraph_sdk``'s ``threads.create()`` sends it without arguments."""
 
 
 class _RawConnection:
@@ -411,18 +521,16 @@ class _RawConnection:
     load generator shares the cores with the servers, so that cost would read as server latency.
     """
 
-    def __init__(self, target: Target, body: bytes, api_key: str | None) -> None:
+    def __init__(self, target: Target, api_key: str | None) -> None:
         url = urlsplit(target.base_url)
         if url.scheme != "http" or url.hostname is None:
             raise ValueError(f"raw client needs an http:// URL, got {target.base_url}")
         self._host = url.hostname
         self._port = url.port or 80
+        self._prefix = url.path.rstrip("/")
         auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-        self._request = (
-            f"POST {url.path.rstrip('/')}{_ENDPOINTS[target.protocol]} HTTP/1.1\r\n"
-            f"Host: {self._host}:{self._port}\r\nContent-Type: application/json\r\n"
-            f"Accept: text/event-stream\r\n{auth}Content-Length: {len(body)}\r\n\r\n"
-        ).encode() + body
+        self._headers = (f"Host: {self._host}:{self._port}\r\nContent-Type: application/json\r\n"
+                         f"{auth}")
         self._protocol: _SSEClientProtocol | None = None
 
     async def connect(self) -> None:
@@ -437,22 +545,24 @@ class _RawConnection:
             self._protocol.transport.close()
         self._protocol = None
 
-    async def stream(self, acc: _Accumulator) -> int:
-        """Send the request, feed the body to ``acc``, return the HTTP status."""
+    async def post(self, path: str, body: bytes, acc: _Accumulator,
+                   accept: str = "text/event-stream") -> int:
+        """POST ``body`` to ``path`` (after the base URL's path), feed the response body to
+        ``acc``, return the HTTP status."""
         await self.connect()
         assert self._protocol is not None
-        return await self._protocol.send(self._request, acc)
+        request = (f"POST {self._prefix}{path} HTTP/1.1\r\n{self._headers}Accept: {accept}\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        return await self._protocol.send(request, acc)
 
 
 class _HttpxConnection:
     """Same interface over a shared ``httpx.AsyncClient`` (for comparison with raw)."""
 
-    def __init__(self, client: httpx.AsyncClient, target: Target, body: bytes,
-                 api_key: str | None) -> None:
+    def __init__(self, client: httpx.AsyncClient, target: Target, api_key: str | None) -> None:
         self._client = client
-        self._url = target.base_url.rstrip("/") + _ENDPOINTS[target.protocol]
-        self._body = body
-        self._headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        self._base = target.base_url.rstrip("/")
+        self._headers = {"content-type": "application/json"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
 
@@ -462,10 +572,12 @@ class _HttpxConnection:
     def close(self) -> None:
         """The pool owns connections."""
 
-    async def stream(self, acc: _Accumulator) -> int:
-        """Send the request, feed the body to ``acc``, return the HTTP status."""
-        async with self._client.stream("POST", self._url, content=self._body,
-                                       headers=self._headers) as response:
+    async def post(self, path: str, body: bytes, acc: _Accumulator,
+                   accept: str = "text/event-stream") -> int:
+        """POST ``body`` to ``path``, feed the response body to ``acc``, return the status."""
+        async with self._client.stream("POST", self._base + path, content=body,
+                                       headers={**self._headers, "accept": accept}) as response:
+            acc.status_seen(response.status_code)
             async for data in response.aiter_raw():
                 acc.feed(data)
             acc.body_end()
@@ -475,24 +587,51 @@ class _HttpxConnection:
 _Connection = _RawConnection | _HttpxConnection
 
 
-async def _one_request(conn: _Connection, timeout_s: float, protocol: Protocol) -> RequestResult:
-    """Run one streamed completion (or LangGraph run) and classify it."""
+async def _one_request(conn: _Connection, timeout_s: float, protocol: Protocol,
+                       body: bytes) -> RequestResult:
+    """Run one streamed completion, LangGraph run, or thread create plus run, and classify it.
+
+    For ``langgraph-thread`` every time (TTFT, latency) counts from the start of the thread
+    create, which is what the user waits for; a failure in the create phase is reported with
+    a ``create_`` prefix (``create_http_500``, ``create_timeout``, ``create_bad_json``).
+    """
     acc = _new_accumulator(protocol)
     t0 = time.perf_counter()
     error: str | None = None
+    detail: str | None = None
     status = 0
+    create_s: float | None = None
+    phase = "create_" if protocol == "langgraph-thread" else ""
     try:
         async with asyncio.timeout(timeout_s):
-            status = await conn.stream(acc)
+            path = _ENDPOINTS[protocol]
+            if protocol == "langgraph-thread":
+                created = _BodyAccumulator()
+                create_status = await conn.post(_THREADS_PATH, _THREAD_CREATE_BODY, created,
+                                                accept="application/json")
+                create_s = time.perf_counter() - t0
+                thread_id = created.thread_id()
+                if create_status != 200:
+                    error, detail = f"create_http_{create_status}", _detail(created.raw)
+                elif thread_id is None:
+                    error, detail = "create_bad_json", _detail(created.raw)
+                else:
+                    path = path.format(thread_id=quote(thread_id, safe=""))
+                    phase = ""
+            if error is None:
+                status = await conn.post(path, body, acc)
     except TimeoutError:
-        error = "timeout"
+        error = f"{phase}timeout"
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
             httpx.HTTPError) as exc:
-        error = type(exc).__name__
+        error = f"{phase}{type(exc).__name__}"
     if error is not None:
         conn.close()
     end = time.perf_counter()
-    error = error or (f"http_{status}" if status != 200 else None) or acc.error
+    if error is None and status != 200:
+        error, detail = f"http_{status}", _detail(acc.raw)
+    if error is None and acc.error is not None:
+        error, detail = acc.error, acc.detail
     if error is None and acc.t_done is None:
         error = "no_done"
     if error is None and acc.chunks == 0:
@@ -503,11 +642,13 @@ async def _one_request(conn: _Connection, timeout_s: float, protocol: Protocol) 
         ttft_s=acc.t_first - t0 if acc.t_first is not None else None,
         tokens=acc.usage_tokens if acc.usage_tokens is not None else acc.chunks,
         error=error,
+        create_s=create_s,
+        detail=detail,
     )
 
 
 def _request_body(target: Target, tokens: int) -> bytes:
-    if target.protocol == "langgraph":  # stateless run of graph ``model``
+    if target.protocol != "openai":  # a run of graph ``model``, stateless or on a thread
         return json.dumps({
             "assistant_id": target.model,
             "input": {"messages": [{"role": "user", "content": PROMPT}]},
@@ -590,10 +731,9 @@ async def run_level(target: Target, concurrency: int, opts: LoadOptions) -> dict
                 limits=httpx.Limits(max_connections=concurrency,
                                     max_keepalive_connections=concurrency),
                 timeout=opts.request_timeout_s))
-            conns = [_HttpxConnection(client, target, body, opts.api_key)
-                     for _ in range(concurrency)]
+            conns = [_HttpxConnection(client, target, opts.api_key) for _ in range(concurrency)]
         else:
-            conns = [_RawConnection(target, body, opts.api_key) for _ in range(concurrency)]
+            conns = [_RawConnection(target, opts.api_key) for _ in range(concurrency)]
             stack.callback(lambda: [c.close() for c in conns])
         # Connect up front so the first round does not pay for it; a failure here is
         # recorded by the requests themselves.
@@ -604,7 +744,8 @@ async def run_level(target: Target, concurrency: int, opts: LoadOptions) -> dict
             await asyncio.sleep(opts.ramp_s * index / concurrency)
             while remaining > 0:
                 remaining -= 1
-                results.append(await _one_request(conn, opts.request_timeout_s, target.protocol))
+                results.append(await _one_request(conn, opts.request_timeout_s, target.protocol,
+                                                  body))
 
         cpu0 = _sample_cpu(target)
         t0 = time.perf_counter()
@@ -632,6 +773,8 @@ def _sample_cpu(target: Target) -> dict[str, float]:
         sample["server"] = _tree_cpu_s(target.server_pid)
     if target.backend_pid is not None:
         sample["backend"] = _tree_cpu_s(target.backend_pid)
+    if target.db_pid is not None:
+        sample["db"] = _tree_cpu_s(target.db_pid)
     return sample
 
 
@@ -642,12 +785,17 @@ def _summarise(concurrency: int, n_requests: int, results: list[RequestResult], 
     latencies = [r.latency_s for r in ok]
     tokens = sum(r.tokens for r in ok)
     done = max(len(results), 1)
+    samples: dict[str, str] = {}
+    for r in results:
+        if r.error and r.detail and r.error not in samples:
+            samples[r.error] = r.detail
     summary: dict[str, Any] = {
         "concurrency": concurrency,
         "requests": n_requests,
         "ok": len(ok),
         "errors": len(results) - len(ok),
         "error_kinds": dict(Counter(r.error for r in results if r.error)),
+        "error_samples": samples,
         "unfinished": n_requests - len(results),
         "capped": capped,
         "wall_s": round(wall, 3),
@@ -661,9 +809,13 @@ def _summarise(concurrency: int, n_requests: int, results: list[RequestResult], 
         "client_cpu_ms_per_req": round(cpu["client"] * 1000 / done, 3),
         # Cores busy with anything but this harness, its client and its servers: noise.
         "other_cpu_cores": round(max(0.0, cpu["host"] - cpu["client"] - cpu.get("server", 0.0)
-                                     - cpu.get("backend", 0.0)) / wall, 2),
+                                     - cpu.get("backend", 0.0) - cpu.get("db", 0.0)) / wall, 2),
     }
-    for name in ("server", "backend"):
+    creates = [r.create_s for r in results if r.create_s is not None]
+    if creates:  # every finished thread create, whether its run then succeeded or not
+        summary["create_p50_ms"] = _ms(_pct(creates, 50))
+        summary["create_p95_ms"] = _ms(_pct(creates, 95))
+    for name in ("server", "backend", "db"):
         if name in cpu:
             summary[f"{name}_cpu_ms_per_req"] = round(cpu[name] * 1000 / done, 3)
     return summary
@@ -675,24 +827,31 @@ async def run_target(target: Target, opts: LoadOptions) -> list[dict[str, Any]]:
         body = _request_body(target, opts.tokens)
         conn: _Connection
         async with httpx.AsyncClient(timeout=opts.request_timeout_s) as client:
-            conn = (_HttpxConnection(client, target, body, opts.api_key) if opts.client == "httpx"
-                    else _RawConnection(target, body, opts.api_key))
+            conn = (_HttpxConnection(client, target, opts.api_key) if opts.client == "httpx"
+                    else _RawConnection(target, opts.api_key))
             for _ in range(opts.warmup):
-                result = await _one_request(conn, opts.request_timeout_s, target.protocol)
+                result = await _one_request(conn, opts.request_timeout_s, target.protocol, body)
                 if not result.ok:
-                    print(f"  warmup request to {target.label} failed: {result.error}",
+                    print(f"  warmup request to {target.label} failed: {result.error}"
+                          + (f" ({result.detail[:160]})" if result.detail else ""),
                           file=sys.stderr)
             conn.close()
     levels = []
     for concurrency in opts.levels:
         level = await run_level(target, concurrency, opts)
-        print(f"  {target.label:<25} c={concurrency:<3} ok={level['ok']}/{level['requests']} "
+        print(f"  {target.label:<32} c={concurrency:<3} ok={level['ok']}/{level['requests']} "
               f"ttft p50={level['ttft_p50_ms']} ms p95={level['ttft_p95_ms']} ms "
-              f"req/s={level['req_per_s']} cpu ms/req server={level.get('server_cpu_ms_per_req')} "
-              f"client={level['client_cpu_ms_per_req']} other-load={level['other_cpu_cores']} cores"
+              + (f"create p50={level['create_p50_ms']} ms p95={level['create_p95_ms']} ms "
+                 if "create_p50_ms" in level else "")
+              + f"req/s={level['req_per_s']} cpu ms/req server={level.get('server_cpu_ms_per_req')} "
+              + (f"db={level['db_cpu_ms_per_req']} " if "db_cpu_ms_per_req" in level else "")
+              + f"client={level['client_cpu_ms_per_req']} other-load={level['other_cpu_cores']} cores"
               + (f" errors={level['error_kinds']}" if level["error_kinds"] else "")
+              + (f" unfinished={level['unfinished']}" if level["unfinished"] else "")
               + ("  [time cap hit]" if level["capped"] else ""),
               file=sys.stderr, flush=True)
+        for kind, text in level["error_samples"].items():
+            print(f"    {kind}: {text[:160]!r}", file=sys.stderr)
         levels.append(level)
     return levels
 
@@ -710,12 +869,12 @@ class ManagedProcess:
     """A subprocess in its own session, stopped (whole process group) on exit."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, cwd: Path = REPO_ROOT) -> None:
         self.name = name
         self._log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=cwd,
                                      start_new_session=True)
 
     @property
@@ -792,32 +951,177 @@ def _write_switchyard_config(workdir: Path, backend_port: int) -> Path:
     return config
 
 
+def _git(*argv: str) -> str:
+    done = subprocess.run(["git", "--no-optional-locks", "-C", str(REPO_ROOT), *argv],
+                          capture_output=True, text=True, check=False, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(argv)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+_CODE_PATHS = ("serving", "gateway", "graphs", "knowledge", "tools", "eval", "pyproject.toml")
+"""What the server runs; a working tree with changes here is recorded as dirty."""
+
+
+def _export_rev(rev: str, workdir: Path) -> tuple[Path, str]:
+    """``git archive`` commit ``rev`` into ``workdir``; returns (directory, full sha).
+
+    The server then runs from that directory (its cwd, first on ``PYTHONPATH``, ahead of
+    the venv's editable install of the working tree), so a commit can be measured while
+    the working tree is being edited.
+    """
+    sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
+    src = workdir / f"src-{sha[:12]}"
+    archive = workdir / f"src-{sha[:12]}.tar"
+    _git("archive", "--format=tar", "-o", str(archive), sha)
+    with tarfile.open(archive) as tar:
+        tar.extractall(src, filter="data")
+    archive.unlink()
+    return src, sha
+
+
+def _source_record(rev: str | None, sha: str | None) -> dict[str, Any]:
+    """Which code the server ran, for the results file."""
+    if rev is not None:
+        return {"rev": rev, "commit": sha}
+    try:
+        dirty = bool(_git("status", "--porcelain", "--", *_CODE_PATHS))
+        return {"working_tree": True, "head": _git("rev-parse", "HEAD"), "dirty": dirty}
+    except (RuntimeError, OSError, subprocess.TimeoutExpired):
+        return {"working_tree": True}
+
+
 def _start_switchyard(stack: contextlib.ExitStack, workdir: Path, binary: Path,
-                      backend_port: int) -> tuple[ManagedProcess, int]:
+                      backend_port: int, name: str = "", postgres_dsn: str | None = None,
+                      src: Path | None = None) -> tuple[ManagedProcess, int]:
+    """Start ``switchyard serve`` on a free loopback port with its own data dir.
+
+    ``name`` suffixes the data dir and log (``data-<name>``, ``switchyard-<name>.log``);
+    ``postgres_dsn`` sets ``SWITCHYARD_THREADS__POSTGRES_DSN``, and without it any such
+    variable inherited from the caller is dropped so that the thread store is SQLite;
+    ``src`` runs the code exported there (`_export_rev`) instead of the working tree.
+    """
     config = _write_switchyard_config(workdir, backend_port)
-    data_dir = workdir / "data"
+    suffix = f"-{name}" if name else ""
+    data_dir = workdir / f"data{suffix}"
     data_dir.mkdir()
     port = _free_port()
     env = dict(os.environ, SWITCHYARD_DATA_DIR=str(data_dir))
+    env.pop("SWITCHYARD_THREADS__POSTGRES_DSN", None)
+    if postgres_dsn is not None:
+        env["SWITCHYARD_THREADS__POSTGRES_DSN"] = postgres_dsn
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
     server = ManagedProcess(
-        "switchyard",
+        f"switchyard{suffix}",
         [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port),
          "--config", str(config), "--dev"],
-        workdir / "switchyard.log", env=env)
+        workdir / f"switchyard{suffix}.log", env=env, cwd=src or REPO_ROOT)
     stack.callback(server.stop)
     return server, port
+
+
+def _as_postgres(*command: str) -> list[str]:
+    # PostgreSQL refuses to run as root; these machines run the bench as root.
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else list(command)
+
+
+class ManagedPostgres:
+    """A throwaway PostgreSQL cluster from Debian's package on a free loopback port.
+
+    The same recipe as the ``postgres`` fixture in ``tests/conftest.py`` (``initdb`` and
+    ``pg_ctl`` as the ``postgres`` user when run as root, trust auth, listening on 127.0.0.1
+    only), but with the server's default durability settings unless ``settings`` says
+    otherwise (``fsync=off`` would flatter it against SQLite). Stopped, and its data directory
+    removed unless ``keep``, by `stop`.
+    """
+
+    def __init__(self, settings: list[str], keep: bool) -> None:
+        binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+        if not binaries:
+            raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
+        self._bindir = binaries[-1].parent
+        self.version = self._bindir.parent.name
+        self._settings = settings
+        self._keep = keep
+        self.port = _free_port()
+        self.data = Path(tempfile.mkdtemp(prefix="switchyard-bench-pg-"))
+        self._started = False
+
+    def _run(self, *argv: str, timeout_s: float) -> None:
+        done = subprocess.run(_as_postgres(*argv), capture_output=True, text=True,
+                              timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(argv[0]).name} failed ({done.returncode}):\n"
+                               f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+    def start(self) -> None:
+        """initdb, start and wait (``pg_ctl -w``), create the ``switchyard_bench`` database.
+
+        Raises:
+            RuntimeError: a step failed; its output is in the message.
+        """
+        if os.geteuid() == 0:
+            shutil.chown(self.data, "postgres", "postgres")
+        self._run(str(self._bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
+                  "--auth=trust", "-E", "UTF8", timeout_s=120)
+        options = " ".join([f"-p {self.port}", f"-k {self.data}",
+                            "-c listen_addresses=127.0.0.1",
+                            *(f"-c {setting}" for setting in self._settings)])
+        self._started = True  # from here on `stop` has something to stop
+        self._run(str(self._bindir / "pg_ctl"), "-D", str(self.data), "-o", options,
+                  "-l", str(self.data / "server.log"), "-w", "-t", "60", "start", timeout_s=90)
+        self._run(str(self._bindir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+                  "-U", "postgres", "switchyard_bench", timeout_s=60)
+
+    @property
+    def dsn(self) -> str:
+        """DSN of the ``switchyard_bench`` database."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/switchyard_bench"
+
+    @property
+    def pid(self) -> int:
+        """The postmaster's pid (its backends are its children)."""
+        return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+
+    def stop(self) -> None:
+        """``pg_ctl stop -m fast``, then ``-m immediate`` if that fails; remove the data dir."""
+        if self._started:
+            for mode in ("fast", "immediate"):
+                try:
+                    self._run(str(self._bindir / "pg_ctl"), "-D", str(self.data), "-m", mode,
+                              "-w", "-t", "30", "stop", timeout_s=45)
+                    break
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    print(f"postgres: pg_ctl stop -m {mode} failed: {exc}", file=sys.stderr)
+            self._started = False
+        if self._keep:
+            print(f"kept the PostgreSQL data dir {self.data}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.data, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- report
 
 
 def _deltas(floor: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_c = {level["concurrency"]: level for level in floor}
-    out = []
+    """One entry per level of ``other``, in order: the n-th level at some concurrency is
+    compared with the floor's n-th level at that concurrency (or its last one), so a level
+    list that comes back to c=1 after c=50 compares like with like."""
+    by_c: dict[int, list[dict[str, Any]]] = {}
+    for level in floor:
+        by_c.setdefault(level["concurrency"], []).append(level)
+    seen: Counter[int] = Counter()
+    out: list[dict[str, Any]] = []
     for level in other:
-        base = by_c.get(level["concurrency"])
-        if base is None:
+        c = level["concurrency"]
+        bases = by_c.get(c)
+        seen[c] += 1
+        if not bases:
+            out.append({"concurrency": c, "added_ttft_p50_ms": None, "added_ttft_p95_ms": None,
+                        "added_latency_p50_ms": None, "throughput_ratio": None})
             continue
+        base = bases[min(seen[c], len(bases)) - 1]
 
         def diff(key: str, level: dict[str, Any] = level,
                  base: dict[str, Any] = base) -> float | None:
@@ -851,12 +1155,17 @@ def _verdicts(label: str, levels: list[dict[str, Any]], deltas: list[dict[str, A
         op = ">=" if higher_is_better else "<="
         return f"{name} {value}{unit} ({op} {limit:g}) {'PASS' if good else 'FAIL'}"
 
+    cpu, cpu_name = level.get("server_cpu_ms_per_req"), "server CPU"
+    if not level["ok"]:
+        cpu = None  # CPU per failed request says nothing about the cost of a run
+    if cpu is not None and "db_cpu_ms_per_req" in level:
+        # With SQLite the database work is in the server's CPU; with PostgreSQL add it back.
+        cpu, cpu_name = round(cpu + level["db_cpu_ms_per_req"], 3), "server+db CPU"
     parts = [
         check("+TTFT p50", delta["added_ttft_p50_ms"], targets.added_ttft_p50_ms),
         check("+TTFT p95", delta["added_ttft_p95_ms"], targets.added_ttft_p95_ms),
         check("throughput", delta["throughput_ratio"], targets.throughput_ratio, True, "x"),
-        check("server CPU", level.get("server_cpu_ms_per_req"), targets.server_cpu_ms_per_req,
-              unit=" ms/req"),
+        check(cpu_name, cpu, targets.server_cpu_ms_per_req, unit=" ms/req"),
     ]
     if level["errors"] or level["unfinished"]:
         parts.append(f"errors {level['errors']} unfinished {level['unfinished']} FAIL")
@@ -864,27 +1173,43 @@ def _verdicts(label: str, levels: list[dict[str, Any]], deltas: list[dict[str, A
 
 
 def render_markdown(results: dict[str, Any], targets: Targets) -> str:
-    """Markdown table (one row per target and level) plus target verdicts."""
+    """Markdown table (one row per target and level), the errors of every level that had
+    any, by kind, and the target verdicts."""
     def cell(value: Any) -> str:
         return "-" if value is None else str(value)
 
-    header = ("| target | c | ok/n | err | TTFT p50 | TTFT p95 | total p50 | total p95 | req/s "
-              "| tok/s | server CPU ms/req | +TTFT p50 | +TTFT p95 | thr ratio |")
+    def cpu_cell(lv: dict[str, Any]) -> str:
+        server = lv.get("server_cpu_ms_per_req")
+        if server is None or "db_cpu_ms_per_req" not in lv:
+            return cell(server)
+        return f"{server} + {lv['db_cpu_ms_per_req']} db"
+
+    header = ("| target | c | ok/n | err | TTFT p50 | TTFT p95 | create p50 | create p95 "
+              "| total p50 | total p95 | req/s | tok/s | server CPU ms/req | other load "
+              "| +TTFT p50 | +TTFT p95 | thr ratio |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     verdicts: list[str] = []
+    errors: list[str] = []
     for label, run in results["runs"].items():
-        deltas = {d["concurrency"]: d for d in run.get("vs_floor", [])}
-        for lv in run["levels"]:
-            d = deltas.get(lv["concurrency"], {})
+        deltas = run.get("vs_floor") or [{}] * len(run["levels"])
+        for lv, d in zip(run["levels"], deltas, strict=True):
             rows.append("| " + " | ".join(cell(v) for v in (
                 label, lv["concurrency"], f"{lv['ok']}/{lv['requests']}",
                 lv["errors"] + lv["unfinished"], lv["ttft_p50_ms"], lv["ttft_p95_ms"],
+                lv.get("create_p50_ms"), lv.get("create_p95_ms"),
                 lv["latency_p50_ms"], lv["latency_p95_ms"], lv["req_per_s"], lv["tok_per_s"],
-                lv.get("server_cpu_ms_per_req"), d.get("added_ttft_p50_ms"),
+                cpu_cell(lv), lv["other_cpu_cores"], d.get("added_ttft_p50_ms"),
                 d.get("added_ttft_p95_ms"), d.get("throughput_ratio"))) + " |")
+            kinds = [f"{kind} ×{n}" for kind, n in lv["error_kinds"].items()]
+            if lv["unfinished"]:
+                kinds.append(f"unfinished ×{lv['unfinished']}")
+            if kinds:
+                errors.append(f"- `{label}` c={lv['concurrency']}: " + ", ".join(kinds))
         if run.get("vs_floor"):
             verdicts += _verdicts(label, run["levels"], run["vs_floor"], targets)
     text = "\n".join(rows)
+    if errors:
+        text += "\n\nErrors (per level, by kind; samples in the JSON):\n" + "\n".join(errors)
     if verdicts:
         text += "\n\nTargets:\n" + "\n".join(verdicts)
     return text + "\n"
@@ -894,7 +1219,7 @@ def render_markdown(results: dict[str, Any], targets: Targets) -> str:
 
 
 async def _bench(args: argparse.Namespace, opts: LoadOptions, stack: contextlib.ExitStack,
-                 workdir: Path) -> dict[str, Any]:
+                 workdir: Path, src: Path | None) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     mode: Mode = args.mode
     if mode == "url":
@@ -917,21 +1242,52 @@ async def _bench(args: argparse.Namespace, opts: LoadOptions, stack: contextlib.
         binary = Path(args.switchyard_bin)
         if not binary.exists():
             raise SystemExit(f"switchyard binary not found: {binary}")
-        server, port = _start_switchyard(stack, workdir, binary, backend_port)
-        await server.wait_ready(f"http://127.0.0.1:{port}/readyz", args.ready_timeout)
+        shared: tuple[ManagedProcess, int] | None = None
+        postgres: ManagedPostgres | None = None
         for name in args.targets:
-            protocol, model = SWITCHYARD_TARGETS[name]
-            base_url = f"http://127.0.0.1:{port}" + ("/v1" if protocol == "openai" else "")
-            target = Target(label=f"switchyard:{name}", base_url=base_url, model=model,
-                            protocol=protocol, server_pid=server.pid, backend_pid=backend.pid)
-            print(f"switchyard: {name} ({protocol}, {model})", file=sys.stderr)
-            levels = await run_target(target, opts)
-            run: dict[str, Any] = {"model": model, "protocol": protocol, "levels": levels}
-            if "floor" in runs:
-                run["vs_floor"] = _deltas(runs["floor"]["levels"], levels)
-            runs[target.label] = run
-            if server.proc.poll() is not None:
-                raise RuntimeError(f"switchyard exited during the run:\n{server.log_tail()}")
+            spec = SWITCHYARD_TARGETS[name]
+            # A target with a store of its own gets a fresh server, stopped after it.
+            with contextlib.ExitStack() as own:
+                db_pid: int | None = None
+                run: dict[str, Any] = {"model": spec.model, "protocol": spec.protocol}
+                if spec.store is None:
+                    if shared is None:
+                        shared = _start_switchyard(stack, workdir, binary, backend_port,
+                                                   src=src)
+                        await shared[0].wait_ready(f"http://127.0.0.1:{shared[1]}/readyz",
+                                                   args.ready_timeout)
+                    server, port = shared
+                else:
+                    dsn: str | None = None
+                    if spec.store == "postgres":
+                        if postgres is None:
+                            postgres = ManagedPostgres(args.pg_setting or [], args.keep_tmp)
+                            stack.callback(postgres.stop)
+                            print(f"postgres {postgres.version}: starting on 127.0.0.1:"
+                                  f"{postgres.port}", file=sys.stderr)
+                            await asyncio.to_thread(postgres.start)
+                        dsn, db_pid = postgres.dsn, postgres.pid
+                        run["postgres"] = {"version": postgres.version,
+                                           "settings": args.pg_setting or []}
+                    server, port = _start_switchyard(own, workdir, binary, backend_port, name,
+                                                     postgres_dsn=dsn, src=src)
+                    await server.wait_ready(f"http://127.0.0.1:{port}/readyz",
+                                            args.ready_timeout)
+                    run["thread_store"] = spec.store
+                base_url = f"http://127.0.0.1:{port}" + ("/v1" if spec.protocol == "openai" else "")
+                target = Target(label=f"switchyard:{name}", base_url=base_url, model=spec.model,
+                                protocol=spec.protocol, server_pid=server.pid,
+                                backend_pid=backend.pid, db_pid=db_pid)
+                print(f"switchyard: {name} ({spec.protocol}, {spec.model}"
+                      + (f", {spec.store} thread store" if spec.store else "") + ")",
+                      file=sys.stderr)
+                levels = await run_target(target, opts)
+                run["levels"] = levels
+                if "floor" in runs:
+                    run["vs_floor"] = _deltas(runs["floor"]["levels"], levels)
+                runs[target.label] = run
+                if server.proc.poll() is not None:
+                    raise RuntimeError(f"switchyard exited during the run:\n{server.log_tail()}")
     return runs
 
 
@@ -955,10 +1311,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--switchyard-bin", default=str(DEFAULT_SWITCHYARD_BIN))
+    parser.add_argument("--switchyard-rev", default=None, metavar="REV",
+                        help="run the server from this commit (git archive into the temp dir) "
+                             "instead of the working tree")
     parser.add_argument("--ready-timeout", type=float, default=60.0)
     parser.add_argument("--base-url", default=None, help="url mode: OpenAI base URL")
     parser.add_argument("--model", action="append", help="url mode: model (repeatable)")
     parser.add_argument("--server-pid", type=int, default=None, help="url mode: pid to sample")
+    parser.add_argument("--pg-setting", action="append", metavar="NAME=VALUE",
+                        help="PostgreSQL server setting for the -pg targets, passed as "
+                             "-c NAME=VALUE (repeatable; default: the server's defaults)")
     parser.add_argument("--keep-tmp", action="store_true", help="keep configs and logs")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results/")
     args = parser.parse_args(argv)
@@ -1002,7 +1364,12 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 workdir = Path(stack.enter_context(
                     tempfile.TemporaryDirectory(prefix="switchyard-bench-")))
-            runs = asyncio.run(_bench(args, opts, stack, workdir))
+            src: Path | None = None
+            sha: str | None = None
+            if args.switchyard_rev is not None and args.mode != "url":
+                src, sha = _export_rev(args.switchyard_rev, workdir)
+                print(f"switchyard: running commit {sha[:12]} from {src}", file=sys.stderr)
+            runs = asyncio.run(_bench(args, opts, stack, workdir, src))
     except KeyboardInterrupt:
         print("interrupted; subprocesses stopped", file=sys.stderr)
         raise SystemExit(130) from None
@@ -1019,7 +1386,9 @@ def main(argv: list[str] | None = None) -> None:
                      "requests_per_level": {c: opts.requests_for(c) for c in levels},
                      "level_timeout_s": args.level_timeout, "ramp_ms": ramp_ms,
                      "warmup": args.warmup, "client": args.client,
-                     "switchyard_targets": args.targets},
+                     "switchyard_targets": args.targets,
+                     "switchyard_source": _source_record(args.switchyard_rev, sha),
+                     "pg_settings": args.pg_setting or []},
         "targets": dataclasses.asdict(Targets()),
         "runs": runs,
     }
