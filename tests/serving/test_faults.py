@@ -207,7 +207,8 @@ async def test_backend_killed_mid_stream_langgraph(
         again = await bounded("a run once the backend is back", 60,
                               streamed_round(client, "and now?", thread_id=tid, context={"model_params": {"max_tokens": 16}}))
         assert_no_errors("a run once the backend is back", [again])
-        assert await thread_problem(client, tid, answered=True) is None, await thread_problem(client, tid, answered=True)
+        assert await thread_problem(client, tid, question="and now?", words=16) is None, (
+            await thread_problem(client, tid, question="and now?", words=16))
         assert wait_for(lambda: metric(fault_server.url, "switchyard_runs_in_flight") == 0, 10)
     _assert_no_500(fault_server)
 
@@ -225,6 +226,7 @@ async def _eventually_not_busy(client: LangGraphClient, thread_id: str, timeout_
 
 CRASH_CLIENTS = 20
 SHORT = {"model_params": {"max_tokens": 8}}
+"""An 8-word answer."""
 LONG = {"model_params": {"max_tokens": 600}}
 """600 tokens 10 ms apart: still streaming when the server is killed."""
 
@@ -337,8 +339,8 @@ async def test_server_killed_during_soak_restarts_on_the_same_data(
                 print(f"[faults] threads cut by the crash, after the restart: {statuses}")
                 assert await client.threads.search(status="busy", limit=100) == []
 
-                finished = await gather_limited(
-                    10, [lambda t=t: thread_problem(client, t, answered=True) for t in thread_ids[:CRASH_CLIENTS]])
+                finished = await gather_limited(10, [
+                    lambda o=o: thread_problem(client, o.thread_id, question=o.question, words=8) for o in answered])
                 bad = [p for p in finished if p is not None]
                 assert bad == [], "threads answered before the crash lost their answer:\n  " + "\n  ".join(bad)
 
@@ -347,7 +349,8 @@ async def test_server_killed_during_soak_restarts_on_the_same_data(
                     10, [lambda t=t: streamed_round(client, "once more", thread_id=t, context=SHORT) for t in cut]))
                 report("new runs on threads cut by the crash", retried, time.monotonic() - started)
                 assert_no_errors("new runs on threads cut by the crash", retried)
-                settled = await gather_limited(10, [lambda t=t: thread_problem(client, t, answered=True) for t in cut])
+                settled = await gather_limited(
+                    10, [lambda t=t: thread_problem(client, t, question="once more", words=8) for t in cut])
                 bad = [p for p in settled if p is not None]
                 assert bad == [], "\n  ".join(bad)
                 assert wait_for(lambda: metric(second.url, "switchyard_runs_in_flight") == 0, 10)

@@ -44,6 +44,8 @@ from tests.scripted import (
 
 pytestmark = pytest.mark.e2e
 
+TOKENS = 64
+"""The scripted backend's answer: 64 words, 10 ms apart."""
 CLIENTS = 50
 ROUNDS = 10
 SOLO_ROUNDS = 3
@@ -64,7 +66,7 @@ _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 
 @pytest.fixture
 def backend(tmp_path: Path) -> Iterator[ScriptedBackend]:
-    with running_scripted_backend(tmp_path, delay_ms=10, tokens=64) as scripted:
+    with running_scripted_backend(tmp_path, delay_ms=10, tokens=TOKENS) as scripted:
         yield scripted
 
 
@@ -106,6 +108,7 @@ class Outcome:
     """One round of one client."""
 
     kind: str
+    question: str = ""
     thread_id: str | None = None
     run_id: str | None = None
     seconds: float = 0.0
@@ -127,7 +130,7 @@ async def streamed_round(
     client: LangGraphClient, text: str, *, thread_id: str | None = None, context: dict[str, Any] | None = None
 ) -> Outcome:
     """``POST /threads`` (unless ``thread_id``), then a streamed run on it to the end."""
-    outcome = Outcome(kind="full", thread_id=thread_id)
+    outcome = Outcome(kind="full", question=text, thread_id=thread_id)
     start = time.monotonic()
     try:
         if outcome.thread_id is None:
@@ -156,7 +159,7 @@ async def streamed_round(
 
 async def disconnect_round(client: LangGraphClient, text: str, after: int) -> Outcome:
     """A streamed run the client walks away from after ``after`` message events."""
-    outcome = Outcome(kind="disconnect")
+    outcome = Outcome(kind="disconnect", question=text)
     start = time.monotonic()
     try:
         outcome.thread_id = (await client.threads.create())["thread_id"]
@@ -183,7 +186,7 @@ async def disconnect_round(client: LangGraphClient, text: str, after: int) -> Ou
 async def cancel_round(client: LangGraphClient, text: str, delay_s: float) -> Outcome:
     """``runs.create`` then ``runs.cancel`` ``delay_s`` later (0: right away), as a chat UI's
     stop button does."""
-    outcome = Outcome(kind="cancel" if delay_s == 0 else "cancel-mid")
+    outcome = Outcome(kind="cancel" if delay_s == 0 else "cancel-mid", question=text)
     start = time.monotonic()
     try:
         outcome.thread_id = (await client.threads.create())["thread_id"]
@@ -246,19 +249,25 @@ def report(label: str, outcomes: list[Outcome], wall_s: float) -> None:
     )
 
 
-async def thread_problem(client: LangGraphClient, thread_id: str, *, answered: bool) -> str | None:
-    """Why ``thread_id`` is not as it should be (``None`` if it is): readable, ``idle``, and,
-    when ``answered``, holding the human message and a non-empty AI answer."""
+async def thread_problem(
+    client: LangGraphClient, thread_id: str, *, question: str | None = None, words: int | None = None
+) -> str | None:
+    """Why ``thread_id`` is not as it should be (``None`` if it is): readable, ``idle``, its
+    last two messages the human ``question`` (when given: no other thread's) and a non-empty
+    AI answer of ``words`` words (when given: the scripted backend's whole answer)."""
     try:
         thread = await client.threads.get(thread_id)
         if thread["status"] != "idle":
             return f"{thread_id}: status {thread['status']!r}"
         state = await client.threads.get_state(thread_id)
-        if answered:
-            messages = (state.get("values") or {}).get("messages") or []
-            types = [m.get("type") for m in messages]
-            if types[-2:] != ["human", "ai"] or not messages[-1].get("content"):
-                return f"{thread_id}: messages {types}"
+        messages = (state.get("values") or {}).get("messages") or []
+        types = [m.get("type") for m in messages]
+        if types[-2:] != ["human", "ai"] or not messages[-1].get("content"):
+            return f"{thread_id}: messages {types}"
+        if question is not None and messages[-2].get("content") != question:
+            return f"{thread_id}: asked {question!r}, holds {messages[-2].get('content')!r}"
+        if words is not None and len(str(messages[-1]["content"]).split()) != words:
+            return f"{thread_id}: an answer of {len(str(messages[-1]['content']).split())} words, not {words}"
     except Exception as exc:  # noqa: BLE001
         return f"{thread_id}: {_describe(exc)}"
     return None
@@ -324,9 +333,10 @@ async def test_soak_threads_and_streamed_runs(soak_server: ServerHandle, store_d
         assert_no_errors("one client afterwards", solo)
 
         started = time.monotonic()
-        thread_ids = [o.thread_id for o in outcomes + solo if o.thread_id is not None]
+        rounds = [o for o in outcomes + solo if o.thread_id is not None]
+        thread_ids = [o.thread_id for o in rounds]
         problems = await bounded("reading every thread", 120, gather_limited(
-            10, [lambda t=t: thread_problem(client, t, answered=True) for t in thread_ids]))
+            10, [lambda o=o: thread_problem(client, o.thread_id, question=o.question, words=TOKENS) for o in rounds]))
         print(f"[soak] read {len(thread_ids)} threads and their state in {time.monotonic() - started:.1f} s")
         bad = [p for p in problems if p is not None]
         assert bad == [], f"{len(bad)} of {len(thread_ids)} threads are wrong:\n  " + "\n  ".join(bad[:10])
@@ -359,7 +369,14 @@ async def test_soak_with_disconnects_and_cancels(soak_server: ServerHandle, stor
                   asyncio.gather(*(user(n) for n in range(CLIENTS))))
     report(f"{CLIENTS} chat-UI clients", outcomes, time.monotonic() - started)
     assert len(outcomes) == CLIENTS * MIXED_ROUNDS
-    assert_no_errors(f"{CLIENTS} chat-UI clients", outcomes)
+    # A cancelled run holds its run slot until it has wound down (its thread status written),
+    # and these clients do not wait for that: the documented 429 for a server at
+    # `max_concurrent_runs` can happen here and is no failure. Anything else is; a slot that
+    # is never given back shows below, as 429s for a lone client and runs left in flight.
+    refused = [o for o in outcomes if o.error is not None and o.error.startswith("HTTP 429 ")]
+    print(f"[soak] refused with 429 (server at its run limit): {len(refused)}")
+    assert_no_errors(f"{CLIENTS} chat-UI clients", [o for o in outcomes if o not in refused])
+    outcomes = [o for o in outcomes if o not in refused]
 
     async with sdk_client(url) as client:
         # Every thread leaves `busy`, and only for `idle` (a cancel is not a failure).
@@ -373,7 +390,7 @@ async def test_soak_with_disconnects_and_cancels(soak_server: ServerHandle, stor
 
         # Every run that was created ends: join returns and the run has a final status.
         runs = [o for o in outcomes if o.run_id is not None and o.thread_id is not None]
-        assert len(runs) >= CLIENTS * MIXED_ROUNDS // 2
+        assert len(runs) >= CLIENTS * MIXED_ROUNDS // 2, f"only {len(runs)} runs were created"
 
         async def joined(o: Outcome) -> str | None:
             assert o.thread_id and o.run_id
@@ -395,6 +412,30 @@ async def test_soak_with_disconnects_and_cancels(soak_server: ServerHandle, stor
         bad = [j for j in joins if j is not None]
         assert bad == [], f"{len(bad)} of {len(runs)} runs did not end well:\n  " + "\n  ".join(bad[:10])
 
+        # joinStream of every cancelled background run ends: with the run's events, and at
+        # most a `RunCancelled` error (a cancel is the one error these runs may report).
+        async def stream_ends(o: Outcome) -> str | None:
+            assert o.thread_id and o.run_id
+            try:
+                async with asyncio.timeout(SETTLE_TIMEOUT_S):
+                    parts = [part async for part in client.runs.join_stream(o.thread_id, o.run_id)]
+            except TimeoutError:
+                return f"[{o.kind}] join_stream({o.thread_id}, {o.run_id}) did not end in {SETTLE_TIMEOUT_S:.0f} s"
+            except Exception as exc:  # noqa: BLE001
+                return f"[{o.kind}] join_stream {o.run_id}: {_describe(exc)}"
+            errors = [part.data for part in parts if part.event == "error"]
+            if any(not isinstance(e, dict) or e.get("error") != "RunCancelled" for e in errors):
+                return f"[{o.kind}] join_stream {o.run_id}: {errors}"
+            return None
+
+        cancelled = [o for o in runs if o.kind.startswith("cancel")]
+        started = time.monotonic()
+        streams = await bounded("join_stream of every cancelled run", SETTLE_TIMEOUT_S + 60,
+                                gather_limited(20, [lambda o=o: stream_ends(o) for o in cancelled]))
+        print(f"[soak] join_stream of {len(cancelled)} cancelled runs ended in {time.monotonic() - started:.1f} s")
+        bad = [j for j in streams if j is not None]
+        assert bad == [], f"{len(bad)} of {len(cancelled)} join streams:\n  " + "\n  ".join(bad[:10])
+
         # Threads whose run was cut short take a new run (no 409, no 429), then hold it.
         cut = [o.thread_id for o in outcomes if o.kind != "full" and o.thread_id is not None][:20]
         started = time.monotonic()
@@ -402,7 +443,8 @@ async def test_soak_with_disconnects_and_cancels(soak_server: ServerHandle, stor
             10, [lambda t=t: streamed_round(client, "once more", thread_id=t) for t in cut]))
         report("new runs on threads cut short", retried, time.monotonic() - started)
         assert_no_errors("new runs on threads cut short", retried)
-        problems = await gather_limited(10, [lambda t=t: thread_problem(client, t, answered=True) for t in cut])
+        problems = await gather_limited(
+            10, [lambda t=t: thread_problem(client, t, question="once more", words=TOKENS) for t in cut])
         bad = [p for p in problems if p is not None]
         assert bad == [], "\n  ".join(bad)
 
@@ -415,8 +457,9 @@ async def test_soak_with_disconnects_and_cancels(soak_server: ServerHandle, stor
 
         await bounded("one client afterwards", 60, one_user())
         assert_no_errors("one client afterwards", solo)
-        full = [o.thread_id for o in outcomes + solo if o.kind == "full" and o.thread_id is not None]
-        problems = await gather_limited(10, [lambda t=t: thread_problem(client, t, answered=True) for t in full])
+        full = [o for o in outcomes + solo if o.kind == "full" and o.thread_id is not None]
+        problems = await gather_limited(
+            10, [lambda o=o: thread_problem(client, o.thread_id, question=o.question, words=TOKENS) for o in full])
         bad = [p for p in problems if p is not None]
         assert bad == [], f"{len(bad)} of {len(full)} answered threads are wrong:\n  " + "\n  ".join(bad[:10])
         await assert_server_settled(client, soak_server)
