@@ -129,7 +129,9 @@ def test_backend_killed_mid_stream_openai(
         lines = response.iter_lines()
         data = _sse_data(lines, time.monotonic() + 60)
         while sum(1 for c in before if c.get("choices") and c["choices"][0]["delta"].get("content")) < 5:
-            before.append(json.loads(next(data)))
+            payload = next(data, None)
+            assert payload is not None and payload != "[DONE]", f"the stream ended before the kill: {before}"
+            before.append(json.loads(payload))
         slow_backend.kill()
         data = _sse_data(lines, time.monotonic() + STREAM_DEADLINE_S)
         after = list(data)
