@@ -9,6 +9,7 @@ from knowledge.errors import (
     DocumentParseError,
     EmbeddingError,
     InvalidCollectionNameError,
+    InvalidFilterError,
     KnowledgeError,
     StoreLockedError,
     UnknownCollectionError,
@@ -16,7 +17,16 @@ from knowledge.errors import (
 from knowledge.knowledge_base import KnowledgeBase, build_embedder, open_knowledge
 from knowledge.models import Chunk, Document, IngestReport, SearchHit
 from knowledge.settings import KnowledgeSettings
-from knowledge.vectorstore.base import CollectionInfo, SearchFilter, SearchMode, StoredDocument, VectorStore
+from knowledge.vectorstore.base import (
+    CollectionInfo,
+    MetadataValue,
+    SearchFilter,
+    SearchMode,
+    StoredDocument,
+    VectorStore,
+    check_metadata_filter,
+    check_text_filter,
+)
 
 __all__ = [
     "Chunk",
@@ -27,9 +37,11 @@ __all__ = [
     "EmbeddingError",
     "IngestReport",
     "InvalidCollectionNameError",
+    "InvalidFilterError",
     "KnowledgeBase",
     "KnowledgeError",
     "KnowledgeSettings",
+    "MetadataValue",
     "SearchFilter",
     "SearchHit",
     "SearchMode",
@@ -38,5 +50,7 @@ __all__ = [
     "UnknownCollectionError",
     "VectorStore",
     "build_embedder",
+    "check_metadata_filter",
+    "check_text_filter",
     "open_knowledge",
 ]

@@ -8,6 +8,7 @@ __all__ = [
     "DocumentParseError",
     "EmbeddingError",
     "InvalidCollectionNameError",
+    "InvalidFilterError",
     "KnowledgeError",
     "StoreLockedError",
     "UnknownCollectionError",
@@ -50,6 +51,21 @@ class InvalidCollectionNameError(KnowledgeError):
         super().__init__(
             f"invalid collection name {name!r}: use 1 to 64 letters, digits, '_' or '-'"
         )
+
+
+class InvalidFilterError(KnowledgeError):
+    """A search filter no store can apply as asked (a metadata key or value outside
+    what `SearchFilter` accepts).
+
+    Attributes:
+        field: the filter field, e.g. ``metadata["year"]``.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"filter {field}: {reason}")
 
 
 class DocumentParseError(KnowledgeError):

@@ -3,16 +3,91 @@ registry of the documents they hold, and searches."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from knowledge.embeddings.sparse import SparseVector
+from knowledge.errors import InvalidFilterError
 from knowledge.models import Chunk, Document, SearchHit
 
-__all__ = ["CollectionInfo", "SearchFilter", "SearchMode", "StoredDocument", "VectorStore"]
+__all__ = [
+    "CollectionInfo",
+    "MetadataValue",
+    "SearchFilter",
+    "SearchMode",
+    "StoredDocument",
+    "VectorStore",
+    "check_metadata_filter",
+    "check_text_filter",
+]
 
 SearchMode = Literal["hybrid", "dense", "sparse"]
+
+MetadataValue = str | bool | int | float
+"""What a metadata filter compares a field with."""
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def check_metadata_filter(metadata: Mapping[object, object]) -> dict[str, MetadataValue]:
+    """``metadata`` as a filter every store applies the same way, or the first field
+    that cannot be.
+
+    A key names one top-level field of a document's metadata, taken literally (a dot
+    is part of the name, not a path), and may be any text without ``"`` or ``\\``
+    (Qdrant's field-path syntax quotes keys and cannot escape those two). A value is a
+    string, a boolean, a 64-bit integer (Qdrant's integer) or a finite number.
+    Strings must be valid Unicode (no lone surrogates, which no wire encoding carries).
+
+    Raises:
+        InvalidFilterError: naming the field and what is wrong with it.
+    """
+    checked: dict[str, MetadataValue] = {}
+    for key, value in metadata.items():
+        name = f"metadata[{key!r}]"
+        if not isinstance(key, str):
+            raise InvalidFilterError(name, "a key must be a string")
+        if '"' in key or "\\" in key:
+            raise InvalidFilterError(name, "a key may not contain a double quote (\") or a backslash (\\)")
+        if not _is_text(key):
+            raise InvalidFilterError(name, "the key is not valid Unicode text")
+        if isinstance(value, bool):
+            pass
+        elif isinstance(value, int):
+            if not _INT64[0] <= value <= _INT64[1]:
+                raise InvalidFilterError(name, "an integer must fit in 64 bits (signed)")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidFilterError(name, "a number must be finite")
+        elif isinstance(value, str):
+            if not _is_text(value):
+                raise InvalidFilterError(name, "the value is not valid Unicode text")
+        else:
+            raise InvalidFilterError(name, f"a value must be a string, boolean or number, not {type(value).__name__}")
+        checked[key] = value
+    return checked
+
+
+def check_text_filter(field: str, values: Sequence[object]) -> None:
+    """Every one of ``values`` (the document ids or tags a filter lists) is a string of
+    valid Unicode.
+
+    Raises:
+        InvalidFilterError: naming the first one that is not, e.g. ``tags[2]``.
+    """
+    for index, value in enumerate(values):
+        if not isinstance(value, str) or not _is_text(value):
+            raise InvalidFilterError(f"{field}[{index}]", "must be a string of valid Unicode text")
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,8 +121,18 @@ class SearchFilter:
     """Chunks of documents with any of these tags."""
     tenant: str | None = None
     """Documents uploaded by this tenant."""
-    metadata: dict[str, Any] = field(default_factory=dict)
-    """Exact matches on document metadata fields."""
+    metadata: Mapping[str, MetadataValue] = field(default_factory=dict)
+    """Document metadata fields that must equal these values (see
+    `check_metadata_filter` for the keys and values accepted). Strings, booleans and
+    integers match exactly, of the same type; a float matches by numeric value, so
+    ``2.0`` also matches a stored ``2``.
+
+    Raises `InvalidFilterError` on construction for a key or value outside those rules."""
+
+    def __post_init__(self) -> None:
+        check_text_filter("doc_ids", self.doc_ids)
+        check_text_filter("tags", self.tags)
+        check_metadata_filter(self.metadata)
 
 
 class VectorStore(Protocol):

@@ -40,7 +40,7 @@ from qdrant_client import AsyncQdrantClient, QdrantClient, models
 from knowledge.embeddings.sparse import SparseVector
 from knowledge.errors import InvalidCollectionNameError, KnowledgeError, StoreLockedError, UnknownCollectionError
 from knowledge.models import Chunk, Document, SearchHit
-from knowledge.vectorstore.base import CollectionInfo, SearchFilter, SearchMode, StoredDocument
+from knowledge.vectorstore.base import CollectionInfo, MetadataValue, SearchFilter, SearchMode, StoredDocument
 
 __all__ = ["QdrantStore", "valid_collection_name"]
 
@@ -398,5 +398,16 @@ def _filter(where: SearchFilter | None) -> models.Filter | None:
     if where.tenant is not None:
         must.append(_match("tenant", where.tenant))
     for key, value in where.metadata.items():
-        must.append(_match(f"metadata.{key}", value))
+        must.append(_metadata_condition(key, value))
     return models.Filter(must=must) if must else None
+
+
+def _metadata_condition(key: str, value: MetadataValue) -> models.FieldCondition:
+    # The key is quoted, so it names one top-level field whatever it holds (dots,
+    # brackets, spaces, an empty name); `SearchFilter` refused the two characters a
+    # quoted key cannot hold. Qdrant matches strings, booleans and integers exactly
+    # (`MatchValue` takes no float); a float matches as the one-point range.
+    path = f'metadata."{key}"'
+    if isinstance(value, float):
+        return models.FieldCondition(key=path, range=models.Range(gte=value, lte=value))
+    return _match(path, value)

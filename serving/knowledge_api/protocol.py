@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from knowledge import IngestReport
+from knowledge import IngestReport, InvalidFilterError, check_metadata_filter, check_text_filter
 
 __all__ = [
     "CollectionList",
@@ -77,11 +77,44 @@ class DocumentList(BaseModel):
 
 
 class SearchFilterIn(BaseModel):
+    """Restricts a search; every given field must match."""
+
     model_config = ConfigDict(extra="forbid")
 
     doc_ids: list[str] = Field(default_factory=list)
+    """Chunks of any of these documents."""
     tags: list[str] = Field(default_factory=list)
+    """Chunks of documents with any of these tags."""
     metadata: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    """Document metadata fields that must equal these values. A key is one top-level
+    field, taken literally, without ``"`` or ``\\``; a value is a string, a boolean, a
+    64-bit integer or a finite number. Strings, booleans and integers match exactly;
+    a number written with a decimal point or an exponent matches by value (``2.0``
+    matches a stored ``2``). Anything else is a 422 naming the key."""
+
+    # The knowledge layer's own rules (`SearchFilter` applies them too), checked here so
+    # that a filter no store can apply is a 422 naming the field.
+
+    @field_validator("doc_ids", "tags")
+    @classmethod
+    def _texts(cls, values: list[str], info: ValidationInfo) -> list[str]:
+        try:
+            check_text_filter(str(info.field_name), values)
+        except InvalidFilterError as exc:
+            raise ValueError(str(exc)) from None
+        return values
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _storable(cls, value: object) -> object:
+        # Before pydantic's own union check, which would turn an integer too big for
+        # 64 bits into a float and so match something else than was asked.
+        if isinstance(value, dict):
+            try:
+                check_metadata_filter(value)
+            except InvalidFilterError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
 
 class SearchRequest(BaseModel):
