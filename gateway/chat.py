@@ -4,6 +4,13 @@ Every backend speaks the OpenAI protocol, so graphs get a ``ChatOpenAI``. Differ
 between servers are absorbed here, never in graphs: llama.cpp, for instance, cannot
 force one named tool, so a ``tool_choice`` naming a function becomes ``"required"``
 with only that tool offered, which has the same effect.
+
+An answer cut by ``max_tokens`` (or by a content filter) is an answer, whatever the
+``response_format``: its text comes back with ``finish_reason`` ``length`` (or
+``content_filter``), as OpenAI's API returns it. The OpenAI SDK's structured-output
+helpers, which ``ChatOpenAI`` uses whenever a ``response_format`` is set, raise
+``LengthFinishReasonError`` instead; here they are used only for a response format
+they must parse (a pydantic class), and their error becomes the answer it carries.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import httpx
 import openai
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
-from langchain_core.messages import AIMessageChunk, BaseMessage, BaseMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, BaseMessageChunk
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 
@@ -67,14 +74,18 @@ class GatewayChatModel(ChatOpenAI):
         """Stream over the gateway's pooled connection, parsing chunks as plain dicts.
 
         Same request and same chunks as ``ChatOpenAI._astream``, without the SDK's
-        per-chunk object model. Structured output (``response_format``) keeps the SDK's
-        path, which assembles and parses the final answer.
+        per-chunk object model. A ``response_format`` given as a dict (``json_object``,
+        a ``json_schema``: what clients send) is one more request field here, so an
+        answer cut by ``max_tokens`` ends like any other, with its ``finish_reason`` and
+        usage. Only a response format the SDK must parse into an object (a pydantic
+        class) keeps the SDK's path, which assembles and parses the final answer.
         """
         kwargs["stream"] = True
         if self._should_stream_usage(stream_usage, **kwargs):
             kwargs["stream_options"] = {"include_usage": True}
         payload = self._get_request_payload(messages, stop=stop, **kwargs)
-        if self.http_async_client is None or "response_format" in payload or self._use_responses_api(payload):
+        parsed_format = "response_format" in payload and not isinstance(payload["response_format"], dict)
+        if self.http_async_client is None or parsed_format or self._use_responses_api(payload):
             try:
                 async for generation in super()._astream(
                     messages, stop=stop, run_manager=run_manager, stream_usage=stream_usage, **kwargs
@@ -82,6 +93,15 @@ class GatewayChatModel(ChatOpenAI):
                     yield generation
             except openai.APIError as exc:
                 raise self._translate(exc) from exc
+            except (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError) as exc:
+                # Raised at the chunk that carries the finish reason: the text before it
+                # has been streamed; end the stream as that chunk would have.
+                if exc.completion is None:
+                    raise
+                final = self._last_chunk(exc.completion)
+                if run_manager:
+                    await run_manager.on_llm_new_token(final.text, chunk=final)
+                yield final
             return
         api_key = self.openai_api_key.get_secret_value() if self.openai_api_key else "not-needed"
         response = await open_chat(
@@ -104,6 +124,23 @@ class GatewayChatModel(ChatOpenAI):
             return await super()._agenerate(*args, **kwargs)
         except openai.APIError as exc:
             raise self._translate(exc) from exc
+        except (openai.LengthFinishReasonError, openai.ContentFilterFinishReasonError) as exc:
+            # ``ChatOpenAI`` asks for any ``response_format`` through the SDK's
+            # ``parse``, which refuses an answer cut short; the whole completion, usage
+            # included, is in the error.
+            if exc.completion is None:
+                raise
+            return self._create_chat_result(exc.completion)
+
+    def _last_chunk(self, completion: openai.BaseModel) -> ChatGenerationChunk:
+        """The closing chunk of a stream the SDK cut off at its finish reason: no new
+        text, the finish reason, and usage if the backend had sent it."""
+        result = self._create_chat_result(completion)
+        generation = result.generations[0]
+        usage = generation.message.usage_metadata if isinstance(generation.message, AIMessage) else None
+        info = {**(result.llm_output or {}), **(generation.generation_info or {})}
+        info.pop("token_usage", None)
+        return ChatGenerationChunk(message=AIMessageChunk(content="", usage_metadata=usage), generation_info=info)
 
 
 class LlamaCppChatModel(GatewayChatModel):

@@ -1,17 +1,20 @@
 """Chat models from the gateway against the real llama.cpp backend: tool-call plumbing,
-schema-constrained output, and the llama.cpp quirks the gateway absorbs."""
+schema-constrained output, answers cut by ``max_tokens`` under a response format, and
+the llama.cpp quirks the gateway absorbs."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.tools import tool
+from pydantic import BaseModel
 
 from gateway import Backend, ModelGateway, load_registry
-from gateway.chat import LlamaCppChatModel
+from gateway.chat import GatewayChatModel, LlamaCppChatModel, build_chat_model
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]
@@ -98,3 +101,52 @@ async def test_requests_without_a_limit_get_the_backend_default(gateway: ModelGa
         "chat-default", {"messages": [{"role": "user", "content": "Continue this list forever: 1, 2, 3,"}], "temperature": 0}
     )
     assert relayed["usage"]["completion_tokens"] == 512
+
+
+# An answer cut by max_tokens under a response_format: OpenAI's API returns the text cut
+# short with finish_reason "length"; the SDK's structured-output helpers, which
+# ChatOpenAI uses for any response_format, raised LengthFinishReasonError instead (a 500
+# on both APIs). SmolLM2 needs more than 5 tokens for any JSON object, so this cuts.
+JSON_CUT = {"response_format": {"type": "json_object"}, "max_tokens": 5, "temperature": 0}
+ASK_JSON = [HumanMessage("Describe Paris as a JSON object with many fields.")]
+
+
+def _cut_short(answer: AIMessage) -> None:
+    assert answer.response_metadata["finish_reason"] == "length"
+    assert isinstance(answer.content, str) and answer.content.strip()
+    assert answer.usage_metadata is not None and answer.usage_metadata["output_tokens"] == 5
+
+
+async def test_a_json_answer_cut_by_max_tokens_is_the_truncated_text(gateway: ModelGateway) -> None:
+    model = gateway.chat_model("chat-default").bind(**JSON_CUT)
+    _cut_short(await model.ainvoke(ASK_JSON))
+    chunks = [chunk async for chunk in model.astream(ASK_JSON)]
+    whole = chunks[0]
+    for chunk in chunks[1:]:
+        whole += chunk
+    _cut_short(whole)
+
+
+async def test_a_json_answer_cut_by_max_tokens_without_streaming(gateway: ModelGateway, local_backend: Backend) -> None:
+    # A vLLM-kind model asks for the whole answer at once: the SDK's `parse` path.
+    backend = local_backend.model_copy(update={"kind": "vllm"})
+    async with httpx.AsyncClient() as pool:
+        model = build_chat_model(backend, http_async_client=pool)
+        assert isinstance(model, GatewayChatModel) and not model.streaming
+        _cut_short(await model.bind(**JSON_CUT).ainvoke(ASK_JSON))
+
+
+class City(BaseModel):
+    name: str
+    country: str
+    population: int
+
+
+async def test_a_parsed_response_format_cut_by_max_tokens_ends_with_length(gateway: ModelGateway) -> None:
+    # A pydantic class keeps the SDK's streaming helper (it parses the answer); cut
+    # short, the stream ends with the finish reason instead of an error, and no object.
+    model = gateway.chat_model("chat-default").bind(response_format=City, max_tokens=5, temperature=0)
+    answer = await model.ainvoke(ASK_JSON)
+    assert answer.response_metadata["finish_reason"] == "length"
+    assert isinstance(answer.content, str) and answer.content
+    assert answer.additional_kwargs.get("parsed") is None
