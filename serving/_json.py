@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,9 +11,11 @@ __all__ = ["INT64", "json_problem"]
 INT64 = 1 << 63
 
 
-def json_problem(value: Any, path: str = "") -> str | None:
-    """What in a JSON value cannot be stored or sent back (an integer beyond 64 bits,
-    a lone surrogate in a string or key), with where it is; ``None`` if nothing."""
+def json_problem(value: Any, path: str = "", *, stored: bool = False) -> str | None:
+    """What in a JSON value cannot be sent back (an integer beyond 64 bits, a number
+    that is not finite, a lone surrogate in a string or key), with where it is;
+    ``None`` if nothing. With ``stored``, also what a database cannot keep (NUL
+    characters: PostgreSQL's text and jsonb refuse them)."""
     stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
         item, where = stack.pop()
@@ -21,7 +24,12 @@ def json_problem(value: Any, path: str = "") -> str | None:
                 item.encode()
             except UnicodeEncodeError:
                 return f"{where or 'body'}: text with a lone surrogate (not valid Unicode)"
-        elif isinstance(item, bool) or item is None or isinstance(item, float):
+            if stored and "\x00" in item:
+                return f"{where or 'body'}: text with a NUL character"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{where or 'body'}: a number that is not finite ({item})"
+        elif isinstance(item, bool) or item is None:
             continue
         elif isinstance(item, int):
             if not -INT64 <= item < (1 << 64):
@@ -33,6 +41,8 @@ def json_problem(value: Any, path: str = "") -> str | None:
                         key.encode()
                     except UnicodeEncodeError:
                         return f"{where or 'body'}: a key with a lone surrogate (not valid Unicode)"
+                    if stored and "\x00" in key:
+                        return f"{where or 'body'}: a key with a NUL character"
                 stack.append((child, f"{where}.{key}" if where else str(key)))
         elif hasattr(item, "model_fields_set"):  # a nested pydantic model
             stack.extend((getattr(item, name), f"{where}.{name}" if where else name) for name in item.model_fields_set)

@@ -22,6 +22,7 @@ from graphs import GraphError, UnknownGraphError
 from knowledge import CollectionNotAllowedError, EmbeddingError, InvalidCollectionNameError, KnowledgeError, UnknownCollectionError
 from serving._tasks import RunDeadlineError
 from serving.observability import REQUEST_ID_HEADER, current_request_id
+from serving.threads import ThreadStoreError
 from serving.openai.protocol import ErrorBody, ErrorResponse
 from serving.sse import ClientDisconnectedError
 
@@ -99,6 +100,9 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(status=503, message=str(exc), type="backend_unavailable", code="embedder_unavailable")
     if isinstance(exc, KnowledgeError):
         return ApiError(status=400, message=str(exc), type="invalid_request_error", code="knowledge_error")
+    if isinstance(exc, ThreadStoreError):
+        # The request failed; the store is usable again for the next one.
+        return ApiError(status=503, message=str(exc), type="storage_unavailable", code="thread_store_unavailable")
     if isinstance(exc, GraphError):
         return ApiError(status=500, message=str(exc), type="graph_error", code="graph_error")
     log.error("unhandled error", exc_info=exc)
@@ -161,6 +165,8 @@ def install_error_handlers(app: FastAPI) -> None:
         response = _response(request, to_api_error(exc))
         if isinstance(exc, ServingError) and exc.retry_after_s is not None:
             response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        elif isinstance(exc, ThreadStoreError):
+            response.headers["Retry-After"] = "1"
         if isinstance(exc, ServingError) and exc.limit is not None:
             request.app.state.metrics.rejections.labels(exc.limit).inc()
         return response
@@ -188,6 +194,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ClientDisconnectedError, on_client_gone)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    for domain in (GatewayError, GraphError, KnowledgeError, RequestError, ServingError, RunDeadlineError):
+    for domain in (GatewayError, GraphError, KnowledgeError, RequestError, ServingError, RunDeadlineError, ThreadStoreError):
         app.add_exception_handler(domain, on_domain_error)
     app.add_exception_handler(Exception, on_unexpected)

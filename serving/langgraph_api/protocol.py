@@ -51,7 +51,7 @@ class _Request(BaseModel):
     def _storable(self) -> _Request:
         # What cannot be stored or echoed back (integers past 64 bits, lone
         # surrogates) is refused here, naming where it is, not half-way through a run.
-        problem = json_problem({name: getattr(self, name) for name in self.model_fields_set})
+        problem = json_problem({name: getattr(self, name) for name in self.model_fields_set}, stored=True)
         if problem is not None:
             raise ValueError(problem)
         return self

@@ -242,7 +242,7 @@ class LangGraphService:
             tenant=principal.tenant,
             thread_id=body.thread_id,
             metadata=body.metadata,
-            graph_id=(body.metadata or {}).get("graph_id"),
+            graph_id=graph_id if isinstance(graph_id := (body.metadata or {}).get("graph_id"), str) else None,
         )
         if record is None or (not created and body.if_exists == "raise"):
             raise ServingError(409, f"thread {body.thread_id!r} already exists")

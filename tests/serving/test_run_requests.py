@@ -217,3 +217,20 @@ def test_history_is_paged_by_size_too(http: httpx.Client) -> None:
         before = page[-1]["checkpoint"]["checkpoint_id"]
     ids = [s["checkpoint"]["checkpoint_id"] for s in states]
     assert len(ids) == len(set(ids)) and len(ids) >= 6 * 3  # every state, once, newest first
+
+
+def test_values_no_store_can_keep_are_refused(http: httpx.Client) -> None:
+    for raw in (
+        b'{"metadata": {"x": NaN}}',
+        b'{"metadata": {"x": "a\\u0000b"}}',
+        b'{"metadata": {"a\\u0000": 1}}',
+        b'{"metadata": {"graph_id": 5}}',
+    ):
+        response = http.post("/threads", content=raw, headers={"content-type": "application/json"})
+        assert response.status_code in (200, 422), (raw, response.text)
+        assert response.status_code == 422 or b"graph_id" in raw
+    thread = _thread(http)
+    raw = b'{"assistant_id": "chat", "input": {"messages": [{"role": "user", "content": "nul \\u0000 here"}]}}'
+    response = http.post(f"/threads/{thread}/runs/wait", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422 and "NUL" in response.text
+    _served(http, thread)
