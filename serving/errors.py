@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Iterator
+from typing import Any
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from gateway import BackendResponseError, BackendUnavailableError, CapabilityError, GatewayError, UnknownModelError
 from graphs import GraphError, UnknownGraphError
@@ -141,6 +144,37 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(problems), first_param
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _leaf_routes(routes: Iterable[Any]) -> Iterator[Any]:
+    for route in routes:
+        inner = getattr(route, "original_router", None)  # FastAPI's included routers
+        if inner is not None:
+            yield from _leaf_routes(inner.routes)
+        else:
+            yield route
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods of the routes that serve this path, for a 405's ``Allow``.
+
+    Starlette names those of the first route whose path matched. Here several routes
+    share a path (GET and POST ``/threads/{id}/runs``), and a static path wins over a
+    template that also matches it (``POST /threads/search`` over ``GET
+    /threads/{thread_id}``): the methods of the most specific matching routes."""
+    found: dict[str, int] = {}
+    routes = list(_leaf_routes(request.app.router.routes))
+    for method in _METHODS:
+        for route in routes:
+            match, child = route.matches({**request.scope, "method": method})
+            if match == Match.FULL:
+                found[method] = len(child.get("path_params", {}))
+                break
+    fewest = min(found.values(), default=0)
+    return [method for method, params in found.items() if params == fewest]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every error into the OpenAI shape."""
 
@@ -159,6 +193,11 @@ def install_error_handlers(app: FastAPI) -> None:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         response = _response(request, ApiError(status=exc.status_code, message=str(exc.detail), type=kind))
         response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route whose path matched; a
+            # path served by several routes (GET and POST handlers) allows them all.
+            if methods := _allowed_methods(request):
+                response.headers["Allow"] = ", ".join(methods)
         return response
 
     async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:

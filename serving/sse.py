@@ -37,11 +37,23 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["ClientDisconnectedError", "Drain", "EventStream", "cancel_on_disconnect"]
+__all__ = ["SSE_EVENT_SCHEMA", "ClientDisconnectedError", "Drain", "EventStream", "cancel_on_disconnect"]
 
 log = logging.getLogger(__name__)
 
 _KEEPALIVE = b": keep-alive\n\n"
+
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "One server-sent event (OpenAPI before 3.2: the schema of each event)",
+    "properties": {
+        "event": {"type": "string", "description": "The event name"},
+        "data": {"type": "string", "description": "JSON text"},
+        "id": {"type": "string", "description": "The event id, for Last-Event-ID"},
+    },
+    "required": ["data"],
+}
+"""What an event stream's response documents, for clients and schema checkers."""
 
 
 class ClientDisconnectedError(Exception):

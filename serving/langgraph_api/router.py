@@ -28,7 +28,7 @@ from serving.langgraph_api.protocol import (
     ThreadState,
 )
 from serving.langgraph_api.service import LangGraphService, dumps, sse_frames, stop_error
-from serving.sse import EventStream, cancel_on_disconnect
+from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect
 
 __all__ = ["open_router", "router"]
 
@@ -37,7 +37,8 @@ async def _deadline_in_state(request: Request, deadline_s: DeadlineDep) -> None:
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": Detail, "description": description}
+    # JSON whatever the route's own media type (an event stream's errors come before it).
+    status: {"description": description, "content": {"application/json": {"schema": Detail.model_json_schema()}}}
     for status, description in {
         400: "Refused: an unsupported option, or the input filter",
         401: "Missing or invalid API key",
@@ -52,7 +53,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _STREAM = {
     200: {
         "description": "Server-sent events: `metadata` first, then one event per stream part, `error` on failure",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
     }
 }
 
@@ -294,6 +295,7 @@ async def join_run(thread_id: ThreadIdPath, run_id: str, service: ServiceDep, pr
     "/threads/{thread_id}/runs/{run_id}/cancel",
     status_code=202,
     response_model=None,
+    response_class=Response,
     responses={202: {"description": "Cancellation requested"}, 204: {"description": "Cancelled (with wait=true)"}},
 )
 async def cancel_run(

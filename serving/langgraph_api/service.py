@@ -459,7 +459,7 @@ class LangGraphService:
             thread_id=thread_id if keep else None,
             thread_metadata={"graph_id": entry.graph_id, "assistant_id": run_record.assistant_id} if keep else None,
             thread_status=thread_status if keep else None,
-            record=None if stateless else run_record,
+            record=run_record,
             approvals=keep,  # a kept thread can be resumed with the answer
         )
         events = self._run(graph, plan, body, prepared, thread_id, keep=keep)

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from serving.deps import ChatServiceDep, DeadlineDep, PrincipalDep, RequestIdDep, require_key
 from serving.errors import error_body, to_api_error
 from serving.openai.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelList
-from serving.sse import EventStream, cancel_on_disconnect
+from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect
 
 __all__ = ["router"]
 
@@ -74,7 +74,7 @@ async def _frames(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
         **_ERRORS,
         200: {
             "description": "The answer; with `stream: true`, server-sent `chat.completion.chunk` events then `[DONE]`",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
         },
     },
 )

@@ -234,3 +234,14 @@ def test_values_no_store_can_keep_are_refused(http: httpx.Client) -> None:
     response = http.post(f"/threads/{thread}/runs/wait", content=raw, headers={"content-type": "application/json"})
     assert response.status_code == 422 and "NUL" in response.text
     _served(http, thread)
+
+
+@pytest.mark.parametrize("extra", [{"on_disconnect": "continue"}, {"stream_resumable": True}, {"on_completion": "keep", "on_disconnect": "continue"}])
+def test_a_stateless_stream_that_runs_on_in_the_background_ends(http: httpx.Client, extra: dict[str, Any]) -> None:
+    """Schemathesis found it: the stateless run's record was never finished, so its
+    followed stream sent keep-alives forever."""
+    with http.stream("POST", "/runs/stream", json={"assistant_id": "chat", "input": HI, **extra}, timeout=10) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("event: ")]
+    assert events[0] == "event: metadata" and "event: values" in events
+    assert "event: error" not in events
