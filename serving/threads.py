@@ -168,8 +168,16 @@ class ThreadStore(Protocol):
         """The thread, if it exists and belongs to ``tenant``."""
         ...
 
-    async def update(self, thread_id: str, *, status: ThreadStatus | None = None, graph_id: str | None = None) -> None:
-        """Set the status and/or graph of a thread, and its ``updated_at``."""
+    async def update(
+        self,
+        thread_id: str,
+        *,
+        status: ThreadStatus | None = None,
+        graph_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Set the status and/or graph of a thread, merge ``metadata`` into its own
+        (top-level keys replaced), and set its ``updated_at``: one write."""
         ...
 
     async def set_metadata(self, thread_id: str, values: Mapping[str, Any]) -> None:
@@ -544,20 +552,36 @@ class SqliteThreadStore:
         return rows[0] if rows and rows[0].tenant == tenant else None
 
     async def update(
-        self, thread_id: str, *, status: ThreadStatus | None = None, graph_id: str | None = None
+        self,
+        thread_id: str,
+        *,
+        status: ThreadStatus | None = None,
+        graph_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> None:
-        """Set the status and/or graph of a thread, and its ``updated_at``."""
+        """Set the status and/or graph of a thread, merge ``metadata`` into its own, and
+        set its ``updated_at``, in one transaction."""
         _check_ids(graph_id)
+        if metadata:
+            _check_json(metadata, "metadata")
         if not _storable(thread_id):
             return
-        await self._writer.write(
-            "update",
-            lambda: self._changed(
+
+        async def unit() -> None:
+            merged: str | None = None
+            if metadata:
+                async with self._db.execute("SELECT metadata FROM switchyard_threads WHERE thread_id = ?", (thread_id,)) as cursor:
+                    row = await cursor.fetchone()
+                if row is None:
+                    return
+                merged = json.dumps({**json.loads(row[0]), **metadata})
+            await self._changed(
                 "UPDATE switchyard_threads SET status = COALESCE(?, status), graph_id = COALESCE(?, graph_id),"
-                " updated_at = ? WHERE thread_id = ?",
-                (status, graph_id, _now(), thread_id),
-            ),
-        )
+                " metadata = COALESCE(?, metadata), updated_at = ? WHERE thread_id = ?",
+                (status, graph_id, merged, _now(), thread_id),
+            )
+
+        await self._writer.write("update", unit)
 
     async def set_metadata(self, thread_id: str, values: Mapping[str, Any]) -> None:
         """Merge ``values`` into a thread's metadata (read and written in one transaction,
@@ -757,16 +781,26 @@ class PostgresThreadStore:
         )
         return rows[0] if rows and rows[0].tenant == tenant else None
 
-    async def update(self, thread_id: str, *, status: ThreadStatus | None = None, graph_id: str | None = None) -> None:
+    async def update(
+        self,
+        thread_id: str,
+        *,
+        status: ThreadStatus | None = None,
+        graph_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
         _check_ids(graph_id)
+        if metadata:
+            _check_json(metadata, "metadata")
         if not _storable(thread_id):
             return
+        merge = _dumps(metadata) if metadata else None
         await self._calls.write(
             "update",
             lambda: self._execute(
                 "UPDATE switchyard_threads SET status = COALESCE(%s, status), graph_id = COALESCE(%s, graph_id),"
-                " updated_at = %s WHERE thread_id = %s",
-                (status, graph_id, _now(), thread_id),
+                " metadata = metadata || COALESCE(%s::jsonb, '{}'::jsonb), updated_at = %s WHERE thread_id = %s",
+                (status, graph_id, merge, _now(), thread_id),
             ),
         )
 

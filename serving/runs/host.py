@@ -51,7 +51,7 @@ T = TypeVar("T")
 RunHook = Callable[[str], Awaitable[None]]
 """Awaited at each of `STAGES` (tests inject cancellations there)."""
 
-STAGES = ("make_way", "acquired", "thread_busy", "thread_metadata", "running", "snapshot", "ending")
+STAGES = ("make_way", "acquired", "thread_busy", "running", "snapshot", "ending")
 """The await points of a run's set-up and tear-down, in order."""
 
 Outcome = Literal["ok", "blocked", "error", "cancelled"]
@@ -235,11 +235,11 @@ class RunHost:
                 await self.at("acquired")
                 if plan.thread_id is not None and self.threads is not None:
                     stack.push_async_callback(self._settle_thread, plan.thread_id, run)
-                    await self.threads.update(plan.thread_id, status="busy", graph_id=plan.target)
+                    # One write: busy, the graph, and its ids in the thread's metadata.
+                    await self.threads.update(
+                        plan.thread_id, status="busy", graph_id=plan.target, metadata=plan.thread_metadata
+                    )
                     await self.at("thread_busy")
-                    if plan.thread_metadata:
-                        await self.threads.set_metadata(plan.thread_id, plan.thread_metadata)
-                    await self.at("thread_metadata")
                 set_run_id(plan.run_id)  # the request's log lines from here on carry it
                 await self.at("running")
                 yield run

@@ -165,3 +165,17 @@ async def test_values_no_store_can_hold_are_refused_or_absent(stores: ThreadStor
     assert await threads.search(tenant="a", metadata={"x": "\x00"}) == []
     assert await threads.search(tenant="\ud800") == []
     assert [r.thread_id for r in await threads.search(tenant="a", metadata={"ok": 1})] == [record.thread_id]
+
+
+async def test_update_sets_status_and_merges_metadata_in_one_write(stores: ThreadStores) -> None:
+    threads = stores.threads
+    record, _ = await threads.create(tenant="a", metadata={"keep": 1, "graph_id": "old"})
+    assert record is not None
+    await threads.update(record.thread_id, status="busy", graph_id="chat", metadata={"graph_id": "chat", "assistant_id": "x"})
+    stored = await threads.get(record.thread_id, tenant="a")
+    assert stored is not None and stored.status == "busy" and stored.graph_id == "chat"
+    assert stored.metadata == {"keep": 1, "graph_id": "chat", "assistant_id": "x"}
+    await threads.update(record.thread_id, status="idle")  # no metadata: left as it is
+    stored = await threads.get(record.thread_id, tenant="a")
+    assert stored is not None and stored.status == "idle" and stored.metadata["assistant_id"] == "x"
+    await threads.update("no-such-thread", status="busy", metadata={"a": 1})  # nothing to update, no error
