@@ -67,16 +67,6 @@ class ThreadStores:
         await self._close()
 
 
-class _Unlocked:
-    """An async lock that never waits (see `_open_postgres`)."""
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        return None
-
-
 class _SqliteSaver(AsyncSqliteSaver):
     """`AsyncSqliteSaver` on the thread store's connection, whose writes are units of
     the shared `SqliteWriter`: one transaction each, run to its end even when the run
@@ -171,11 +161,6 @@ async def _open_postgres(settings: ThreadSettings) -> ThreadStores:
     await pool.open(wait=True, timeout=10)
     try:
         checkpointer = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
-        # The saver serialises every call on one lock, which a single shared connection
-        # needs; on a pool each call takes a connection of its own, and that lock made
-        # checkpoint reads and writes wait in one line (92% busy at 50 streams,
-        # docs/performance.md). Without it the pool's size is the limit.
-        checkpointer.lock = _Unlocked()  # type: ignore[assignment]
         threads = await PostgresThreadStore.open(pool, timeout_s=settings.timeout_s)
     except BaseException:
         await pool.close()
