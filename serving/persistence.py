@@ -11,13 +11,21 @@ At start, threads a crashed server left ``busy`` are made ``idle`` again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import BaseCheckpointSaver, ChannelVersions, Checkpoint, CheckpointMetadata
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.sqlite import SqliteSaver
 from pydantic import BaseModel, ConfigDict, Field
 
 from serving.threads import PostgresThreadStore, SqliteThreadStore, SqliteWriter, ThreadStore
@@ -67,39 +75,87 @@ class ThreadStores:
         await self._close()
 
 
-class _SqliteSaver(AsyncSqliteSaver):
-    """`AsyncSqliteSaver` on the thread store's connection, whose writes are units of
-    the shared `SqliteWriter`: one transaction each, run to its end even when the run
-    that asked for it is cancelled (the library's own ``execute`` then ``commit`` would
-    leave the transaction open)."""
+class _SqliteSaver(SqliteSaver):
+    """The library's SQLite checkpointer on the thread store's connection, each call
+    one unit on the shared `SqliteWriter`'s worker: a write is transactional (with the
+    other units of its batch), run to its end even when the run that asked for it is
+    cancelled; a read is one hop, however many statements it takes. (The library's
+    `AsyncSqliteSaver` makes one event-loop round trip per statement, and a write
+    cancelled between its ``execute`` and its ``commit`` would leave its rows in an
+    open transaction.)"""
 
     def __init__(self, writer: SqliteWriter) -> None:
         super().__init__(writer.connection)
-        self.lock = writer.lock  # type: ignore[assignment] # its reads and writes queue with the store's
         self._writer = writer
 
-    async def setup(self) -> None:
-        # The library takes the lock before looking at `is_setup`, on every call:
-        # a second wait for the one writer lock per checkpoint read. Set up once,
-        # at open, it need not.
-        if not self.is_setup:
-            await super().setup()
+    @contextmanager
+    def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
+        # The library's takes its own lock and commits after each write; here every
+        # call is already one unit on the one worker, inside the writer's transaction.
+        cursor = self.conn.cursor()
+        try:
+            yield cursor
+        finally:
+            cursor.close()
+
+    async def asetup(self) -> None:
+        """Create the tables if needed (once, at open)."""
+        await self._writer.read("checkpoint setup", lambda _db: self.setup())
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._writer.read("checkpoint get", lambda _db: self.get_tuple(config))
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,  # noqa: A002 - the library's name
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        # Pages of a few checkpoints, each read in one unit: the worker is never held
+        # while the caller consumes them (a store call awaited in this loop must not
+        # wait behind it), and a long history is never read all at once.
+        remaining = limit
+        while remaining is None or remaining > 0:
+            size = _LIST_PAGE if remaining is None else min(_LIST_PAGE, remaining)
+            cursor = before
+
+            def page(_db: Any, cursor: RunnableConfig | None = cursor, size: int = size) -> list[CheckpointTuple]:
+                return list(self.list(config, filter=filter, before=cursor, limit=size))
+
+            items = await self._writer.read("checkpoint list", page)
+            for item in items:
+                yield item
+            if len(items) < size:
+                return
+            if remaining is not None:
+                remaining -= len(items)
+            before = {"configurable": {"checkpoint_id": items[-1].config["configurable"]["checkpoint_id"]}}
 
     async def aput(
         self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
     ) -> RunnableConfig:
-        put = super().aput
-        return await self._writer.write("checkpoint put", lambda: put(config, checkpoint, metadata, new_versions))
+        return await self._writer.write("checkpoint put", lambda _db: self.put(config, checkpoint, metadata, new_versions))
 
     async def aput_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
-        put_writes = super().aput_writes
-        await self._writer.write("checkpoint writes", lambda: put_writes(config, writes, task_id, task_path))
+        await self._writer.write("checkpoint writes", lambda _db: self.put_writes(config, writes, task_id, task_path))
 
     async def adelete_thread(self, thread_id: str) -> None:
-        delete = super().adelete_thread
-        await self._writer.write("checkpoint delete", lambda: delete(thread_id))
+        await self._writer.write("checkpoint delete", lambda _db: self.delete_thread(thread_id))
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, Any]:
+        return await self._writer.read(
+            "checkpoint history", lambda _db: self.get_delta_channel_history(config=config, channels=channels)
+        )
+
+
+_LIST_PAGE = 16
+"""Checkpoints read per unit by `_SqliteSaver.alist`."""
 
 
 async def open_thread_stores(settings: ThreadSettings, data_dir: Any) -> ThreadStores:
@@ -113,7 +169,7 @@ async def open_thread_stores(settings: ThreadSettings, data_dir: Any) -> ThreadS
         )
         try:
             saver = _SqliteSaver(writer)
-            await saver.setup()
+            await saver.asetup()
             threads: ThreadStore = await SqliteThreadStore.open(writer)
         except BaseException:
             await writer.close()

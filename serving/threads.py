@@ -23,19 +23,21 @@ Why SQLite is used through one connection and one writer (issue 10):
   Without cancellations the same load passed; a busy timeout running out (another
   process writing) starts the same chain. ``test_thread_store_faults.py`` reproduces
   each step.
-- Now the store and the checkpointer share one connection in autocommit mode
-  (``isolation_level=None``: the driver never opens a transaction we did not), and one
-  task-reentrant lock (the saver's ``lock``) so the process has one writer. Each write is
-  a unit: lock, ``BEGIN IMMEDIATE``, statements, ``COMMIT``, or ``ROLLBACK`` on any
-  error; the unit runs in its own task, shielded, so a cancelled caller cannot stop it
-  halfway (it either happened or failed as a whole, and the lock is released with no
-  transaction open). A unit also rolls back a transaction it finds open, so even a
-  failed ``ROLLBACK`` cannot outlive one call. The library's saver, cancelled between
-  its ``execute`` and ``commit`` on a shared connection, would leave its rows in an open
-  transaction for whichever call came next to commit or silently roll back; so its
-  writes run as units too (``serving/persistence.py``), and its own ``commit()`` ends
-  ours. Its ``alist`` holds the lock while the caller consumes each checkpoint: a
-  thread-store write awaited inside that loop would wait for its timeout.
+- Now the store and the checkpointer share one ``sqlite3`` connection in autocommit mode
+  (``isolation_level=None``: the driver never opens a transaction we did not), owned by
+  one worker thread (`SqliteWriter`), so the process has one writer. Each call is a
+  unit, a plain function run whole on that thread; a write unit is ``BEGIN
+  IMMEDIATE``, statements, ``COMMIT``, or ``ROLLBACK`` on any error. A cancelled caller
+  cannot stop a unit halfway (it either happened or failed as a whole, with no
+  transaction left open), and a unit rolls back a transaction it finds open, so even a
+  failed ``ROLLBACK`` cannot outlive one call. The library's checkpointer runs the same
+  way (``serving/persistence.py``: its synchronous methods, each one unit on the
+  worker), and its own ``commit()`` ends ours.
+- One unit is one hop from the event loop to the worker and back. It used to be one
+  hop per statement (aiosqlite), with an asyncio lock held across the hops: at 50
+  concurrent runs each hop waited for a turn of the busy event loop, so the lock was
+  held far longer than the SQL took, and every run queued for it (issue 10's
+  measurements in ``docs/performance.md``).
 - ``BEGIN IMMEDIATE`` takes the write lock before reading, so a writer never upgrades a
   stale snapshot; the busy timeout only matters for other processes (the CLI, a
   backup). ``ping`` runs the same unit, so a writer stuck behind another process, or a
@@ -54,18 +56,20 @@ starts afresh), and a write whose caller is cancelled still completes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
+import queue
 import sqlite3
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
-
-import aiosqlite
 
 __all__ = [
     "PostgresThreadStore",
@@ -284,43 +288,6 @@ def _storable(*values: Any) -> bool:
     return True
 
 
-class _TaskLock:
-    """An asyncio lock its holder task may take again.
-
-    The checkpointer's methods take ``saver.lock`` themselves; a write unit holds it
-    around them (to begin and end the transaction), so the same task must get it twice.
-    """
-
-    def __init__(self) -> None:
-        self._lock = asyncio.Lock()
-        self._owner: asyncio.Task[Any] | None = None
-        self._depth = 0
-
-    def locked(self) -> bool:
-        return self._lock.locked()
-
-    async def acquire(self) -> bool:
-        task = asyncio.current_task()
-        if task is not None and self._owner is task:
-            self._depth += 1
-            return True
-        await self._lock.acquire()
-        self._owner, self._depth = task, 1
-        return True
-
-    def release(self) -> None:
-        self._depth -= 1
-        if self._depth == 0:
-            self._owner = None
-            self._lock.release()
-
-    async def __aenter__(self) -> None:
-        await self.acquire()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.release()
-
-
 class _Calls:
     """Runs a store's calls: each bounded by a timeout, driver errors raised as
     `ThreadStoreError`, writes run to their end even when the caller is gone."""
@@ -389,20 +356,50 @@ def _log_orphan(operation: str, task: asyncio.Future[Any]) -> None:
 # --- SQLite -----------------------------------------------------------------------------
 
 
-class SqliteWriter:
-    """The one connection to a SQLite thread database and its one writer, shared by the
-    thread store and the checkpointer (see the module docstring for why)."""
+@dataclass(slots=True, eq=False)
+class _Unit:
+    """One call queued for the SQLite worker."""
 
-    def __init__(self, connection: aiosqlite.Connection, *, timeout_s: float) -> None:
+    operation: str
+    work: Callable[[sqlite3.Connection], Any]
+    write: bool
+    deadline: float
+    """`time.monotonic` past which it is not started (its caller has timed out)."""
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+_MAX_BATCH = 64
+"""Units one SQLite transaction may take from the queue (group commit)."""
+
+
+class SqliteWriter:
+    """The one connection to a SQLite thread database, owned by one worker thread that
+    runs every unit of work on it, store and checkpointer alike (see the module
+    docstring for why).
+
+    A unit is a plain function of the connection that runs whole on the worker: one
+    hop from the event loop and back per call, whatever its number of statements. The
+    worker runs units one at a time, so there is one writer and no lock, and it takes
+    every unit queued meanwhile as one batch (group commit): the batch's writes share
+    one ``BEGIN IMMEDIATE`` ... ``COMMIT``, each inside a savepoint, so a unit that
+    fails is rolled back alone and is an error for its caller only. Results go back
+    once the batch has committed. A unit whose caller is cancelled still runs to its
+    end; one still queued when its caller's timeout ran out is dropped, never run late.
+    """
+
+    def __init__(self, connection: sqlite3.Connection, *, timeout_s: float) -> None:
         """Args:
-        connection: an aiosqlite connection opened with ``isolation_level=None``.
-        timeout_s: the longest one call may take, waiting for the writer included.
+        connection: a ``sqlite3`` connection opened with ``isolation_level=None`` and
+            ``check_same_thread=False``; from now on only the worker uses it.
+        timeout_s: the longest one call may take, queueing for the worker included.
         """
         self.connection = connection
-        self.lock = _TaskLock()
-        """Held by every unit of work on the connection; give it to the checkpointer
-        as its ``lock``."""
         self._calls = _Calls(timeout_s, (sqlite3.Error,))
+        self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
+        self._running: set[asyncio.Future[Any]] = set()
+        self._worker = threading.Thread(target=self._serve, name="switchyard-sqlite", daemon=True)
+        self._worker.start()
 
     @classmethod
     async def open(cls, path: Path, *, busy_timeout_s: float = 5.0, timeout_s: float = 10.0) -> SqliteWriter:
@@ -413,81 +410,204 @@ class SqliteWriter:
             timeout_s: the longest one call may take.
         """
         path.parent.mkdir(parents=True, exist_ok=True)
-        connection = await aiosqlite.connect(path, timeout=busy_timeout_s, isolation_level=None)
-        try:
-            await connection.execute("PRAGMA journal_mode=WAL")
-            # WAL with synchronous=NORMAL: a commit survives the process crashing; only
-            # a power loss can take the last commits back. FULL would fsync on every
-            # checkpoint, several times per run.
-            await connection.execute("PRAGMA synchronous=NORMAL")
-        except BaseException:
-            await connection.close()
-            raise
-        return cls(connection, timeout_s=timeout_s)
+
+        def connect() -> sqlite3.Connection:
+            connection = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                # WAL with synchronous=NORMAL: a commit survives the process crashing;
+                # only a power loss can take the last commits back. FULL would fsync on
+                # every checkpoint, several times per run.
+                connection.execute("PRAGMA synchronous=NORMAL")
+            except BaseException:
+                connection.close()
+                raise
+            return connection
+
+        return cls(await asyncio.to_thread(connect), timeout_s=timeout_s)
 
     async def drain(self) -> None:
-        """Wait (up to the timeout) for writes whose callers left."""
-        await self._calls.drain()
+        """Wait (up to the timeout) for units whose callers left."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=self._calls.timeout_s)
 
     async def close(self) -> None:
-        """Wait for running writes, then close the connection."""
-        await self._calls.drain()
-        await self.connection.close()
+        """Wait for running units, then stop the worker, which closes the connection."""
+        await self.drain()
+        self._queue.put(None)
+        await asyncio.to_thread(self._worker.join)
 
-    async def read(self, operation: str, work: Callable[[], Awaitable[T]]) -> T:
-        """Run ``work`` under the lock (no transaction: each statement sees committed data)."""
+    async def read(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work(connection)`` on the worker (it may share a batch's transaction,
+        and sees what the units queued before it wrote)."""
+        return await self._run(operation, work, write=False)
 
-        async def locked() -> T:
-            async with self.lock:
-                return await work()
-
-        return await self._calls.read(operation, locked)
-
-    async def write(self, operation: str, work: Callable[[], Awaitable[T]]) -> T:
-        """Run ``work`` as one transaction under the lock, to its end.
+    async def write(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work(connection)`` on the worker in a transaction, to its end.
 
         Raises:
-            ThreadStoreError: the transaction failed and was rolled back.
-            ThreadStoreTimeoutError: no result within the timeout (it may still commit).
+            ThreadStoreError: it failed and was rolled back.
+            ThreadStoreTimeoutError: no result within the timeout (if it had started by
+                then, it may still commit; if not, it never runs).
         """
-        return await self._calls.write(operation, lambda: self._transaction(operation, work))
+        return await self._run(operation, work, write=True)
 
-    async def _transaction(self, operation: str, work: Callable[[], Awaitable[T]]) -> T:
+    async def _run(self, operation: str, work: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put(_Unit(operation, work, write, time.monotonic() + self._calls.timeout_s, loop, future))
+        self._running.add(future)
+        future.add_done_callback(self._running.discard)
         try:
-            async with asyncio.timeout(self._calls.timeout_s):  # never queue forever
-                await self.lock.acquire()
-        except TimeoutError:
-            raise ThreadStoreTimeoutError(operation, "the writer stayed busy") from None
+            # Shielded: a cancelled or timed-out caller leaves the unit to finish.
+            return await self._calls.read(operation, lambda: asyncio.shield(future))
+        except BaseException:
+            if not future.done():
+                future.add_done_callback(lambda done: _log_orphan(operation, done))
+            raise
+
+    # --- on the worker thread -------------------------------------------------------
+
+    def _serve(self) -> None:
         try:
-            db = self.connection
-            if db.in_transaction:  # only a failed ROLLBACK can leave one: end it first
-                log.warning("thread store: rolling back a transaction left open")
-                await db.rollback()
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                result = await work()
-                if db.in_transaction:  # the checkpointer's own commit() may have ended it
-                    await db.commit()
-            except BaseException:
-                if db.in_transaction:
-                    await db.rollback()
-                raise
-            return result
+            while (unit := self._queue.get()) is not None:
+                batch = [unit]
+                while len(batch) < _MAX_BATCH:
+                    try:
+                        unit = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if unit is None:
+                        self._queue.put(None)  # stop after this batch
+                        break
+                    batch.append(unit)
+                outcomes = self._execute(batch)
+                for loop in {unit.loop for unit in batch}:
+                    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                        loop.call_soon_threadsafe(_deliver, batch, outcomes)
         finally:
-            self.lock.release()
+            self.connection.close()
+
+    def _execute(self, batch: list[_Unit]) -> list[tuple[bool, Any]]:
+        """Run a batch; each unit's outcome is ``(True, result)`` or ``(False, error)``."""
+        db = self.connection
+        now = time.monotonic()
+        outcomes: list[tuple[bool, Any]] = [
+            (False, ThreadStoreTimeoutError(unit.operation, "still queued for the writer at its timeout: not run"))
+            if now > unit.deadline
+            else (True, None)
+            for unit in batch
+        ]
+        live = [i for i, unit in enumerate(batch) if outcomes[i][0]]
+        writes = sum(batch[i].write for i in live)
+        began: BaseException | None = None
+        if writes:
+            try:
+                if db.in_transaction:  # only a failed ROLLBACK can leave one: end it first
+                    log.warning("thread store: rolling back a transaction left open")
+                    db.rollback()
+                db.execute("BEGIN IMMEDIATE")
+            except Exception as exc:  # the write lock (another process), the disk
+                began = exc
+        in_batch: list[int] = []  # units whose outcome stands or falls with the open transaction
+        for i in live:
+            unit = batch[i]
+            if unit.write and began is not None:
+                outcomes[i] = (False, began)
+                continue
+            savepoint = unit.write and writes > 1
+            try:
+                if savepoint:
+                    db.execute("SAVEPOINT unit")
+                result = unit.work(db)
+                if savepoint:
+                    db.execute("RELEASE unit")
+                outcomes[i] = (True, result)
+                if unit.write or in_batch:  # a read that may have seen the batch's writes
+                    in_batch.append(i)
+            except Exception as exc:
+                outcomes[i] = (False, exc)
+                if not unit.write:
+                    continue
+                if not savepoint or not db.in_transaction:
+                    # Its error ended the transaction (SQLite rolls back on some
+                    # errors), or it was the batch's one write: the batch's earlier
+                    # writes are gone with it, and its later ones run on their own.
+                    self._abort(outcomes, in_batch, exc)
+                    in_batch = []
+                    writes = sum(batch[j].write for j in live if j > i)
+                    began = self._begin() if writes else None
+                    continue
+                try:
+                    db.execute("ROLLBACK TO unit")
+                    db.execute("RELEASE unit")
+                except Exception as undo:
+                    self._abort(outcomes, in_batch, undo)
+                    in_batch = []
+                    writes = sum(batch[j].write for j in live if j > i)
+                    began = self._begin() if writes else None
+        if db.in_transaction:
+            try:
+                db.commit()
+            except Exception as exc:
+                self._abort(outcomes, in_batch, exc)
+        return outcomes
+
+    def _begin(self) -> BaseException | None:
+        """Begin a new transaction for the rest of a batch; the error if it fails."""
+        try:
+            self.connection.execute("BEGIN IMMEDIATE")
+        except Exception as exc:
+            return exc
+        return None
+
+    def _abort(self, outcomes: list[tuple[bool, Any]], in_batch: list[int], error: BaseException) -> None:
+        """Roll the open transaction back (if any): the units it held fail with ``error``."""
+        if self.connection.in_transaction:
+            try:
+                self.connection.rollback()
+            except Exception as exc:  # the next unit's BEGIN finds it open and retries
+                log.warning("thread store: rollback failed: %r", exc)
+        for i in in_batch:
+            if outcomes[i][0]:
+                outcomes[i] = (False, error)
+
+
+def _deliver(batch: list[_Unit], outcomes: list[tuple[bool, Any]]) -> None:
+    """On the event loop: hand each unit its outcome."""
+    loop = asyncio.get_running_loop()
+    for unit, (ok, value) in zip(batch, outcomes, strict=True):
+        if unit.loop is not loop or unit.future.done():
+            continue
+        if ok:
+            unit.future.set_result(value)
+        else:
+            unit.future.set_exception(value)
+
+
+_SELECT_ONE = "SELECT {columns} FROM switchyard_threads WHERE thread_id = ?"
+
+
+def _select(db: sqlite3.Connection, query: str, params: tuple[Any, ...]) -> list[ThreadRecord]:
+    return [_record(row) for row in db.execute(query, params).fetchall()]
+
+
+def _merged_metadata(db: sqlite3.Connection, thread_id: str, values: Mapping[str, Any]) -> str | None:
+    """The thread's metadata with ``values`` merged in, as JSON (None: no such thread)."""
+    row = db.execute("SELECT metadata FROM switchyard_threads WHERE thread_id = ?", (thread_id,)).fetchone()
+    return None if row is None else json.dumps({**json.loads(row[0]), **values})
 
 
 class SqliteThreadStore:
-    """Thread records in SQLite, on the connection and writer the checkpointer uses."""
+    """Thread records in SQLite, on the connection and worker the checkpointer uses."""
 
     def __init__(self, writer: SqliteWriter) -> None:
         self._writer = writer
-        self._db = writer.connection
 
     @classmethod
     async def open(cls, writer: SqliteWriter) -> SqliteThreadStore:
         """Create the table if needed."""
-        await writer.write("open", lambda: writer.connection.execute(_SCHEMA))
+        await writer.write("open", lambda db: db.execute(_SCHEMA))
         return cls(writer)
 
     async def close(self) -> None:
@@ -495,20 +615,7 @@ class SqliteThreadStore:
         await self._writer.drain()
 
     async def ping(self) -> None:
-        async def probe() -> None:
-            async with self._db.execute("SELECT 1") as cursor:
-                await cursor.fetchone()
-
-        await self._writer.write("ping", probe)
-
-    async def _select(self, query: str, params: tuple[Any, ...]) -> list[ThreadRecord]:
-        async with self._db.execute(query, params) as cursor:
-            rows = await cursor.fetchall()
-        return [_record(row) for row in rows]
-
-    async def _changed(self, query: str, params: tuple[Any, ...]) -> int:
-        async with self._db.execute(query, params) as cursor:
-            return cursor.rowcount
+        await self._writer.write("ping", lambda db: db.execute("SELECT 1").fetchone())
 
     async def create(
         self,
@@ -530,13 +637,12 @@ class SqliteThreadStore:
         encoded = _dumps(metadata or {})
         now = _now()
 
-        async def unit() -> tuple[ThreadRecord, bool]:
-            created = await self._changed(
+        def unit(db: sqlite3.Connection) -> tuple[ThreadRecord, bool]:
+            created = db.execute(
                 "INSERT INTO switchyard_threads VALUES (?, ?, ?, 'idle', ?, ?, ?) ON CONFLICT(thread_id) DO NOTHING",
                 (thread_id, tenant, graph_id, encoded, now, now),
-            )
-            rows = await self._select(f"SELECT {_COLUMNS} FROM switchyard_threads WHERE thread_id = ?", (thread_id,))
-            return rows[0], created == 1
+            ).rowcount
+            return _select(db, _SELECT_ONE.format(columns=_COLUMNS), (thread_id,))[0], created == 1
 
         record, created = await self._writer.write("create", unit)
         return (record if record.tenant == tenant else None), created
@@ -545,10 +651,7 @@ class SqliteThreadStore:
         """The thread, if it exists and belongs to ``tenant``."""
         if not _storable(thread_id):
             return None
-        rows = await self._writer.read(
-            "get",
-            lambda: self._select(f"SELECT {_COLUMNS} FROM switchyard_threads WHERE thread_id = ?", (thread_id,)),
-        )
+        rows = await self._writer.read("get", lambda db: _select(db, _SELECT_ONE.format(columns=_COLUMNS), (thread_id,)))
         return rows[0] if rows and rows[0].tenant == tenant else None
 
     async def update(
@@ -567,15 +670,13 @@ class SqliteThreadStore:
         if not _storable(thread_id):
             return
 
-        async def unit() -> None:
+        def unit(db: sqlite3.Connection) -> None:
             merged: str | None = None
             if metadata:
-                async with self._db.execute("SELECT metadata FROM switchyard_threads WHERE thread_id = ?", (thread_id,)) as cursor:
-                    row = await cursor.fetchone()
-                if row is None:
+                merged = _merged_metadata(db, thread_id, metadata)
+                if merged is None:
                     return
-                merged = json.dumps({**json.loads(row[0]), **metadata})
-            await self._changed(
+            db.execute(
                 "UPDATE switchyard_threads SET status = COALESCE(?, status), graph_id = COALESCE(?, graph_id),"
                 " metadata = COALESCE(?, metadata), updated_at = ? WHERE thread_id = ?",
                 (status, graph_id, merged, _now(), thread_id),
@@ -590,13 +691,12 @@ class SqliteThreadStore:
         if not _storable(thread_id):
             return
 
-        async def unit() -> None:
-            async with self._db.execute("SELECT metadata FROM switchyard_threads WHERE thread_id = ?", (thread_id,)) as cursor:
-                row = await cursor.fetchone()
-            if row is not None:
-                await self._changed(
+        def unit(db: sqlite3.Connection) -> None:
+            merged = _merged_metadata(db, thread_id, values)
+            if merged is not None:
+                db.execute(
                     "UPDATE switchyard_threads SET metadata = ?, updated_at = ? WHERE thread_id = ?",
-                    (json.dumps({**json.loads(row[0]), **values}), _now(), thread_id),
+                    (merged, _now(), thread_id),
                 )
 
         await self._writer.write("set_metadata", unit)
@@ -606,16 +706,16 @@ class SqliteThreadStore:
         if not _storable(thread_id):
             return
         await self._writer.write(
-            "delete", lambda: self._changed("DELETE FROM switchyard_threads WHERE thread_id = ?", (thread_id,))
+            "delete", lambda db: db.execute("DELETE FROM switchyard_threads WHERE thread_id = ?", (thread_id,))
         )
 
     async def recover(self) -> int:
         """Mark threads left ``busy`` ``idle`` (see `ThreadStore.recover`)."""
         return await self._writer.write(
             "recover",
-            lambda: self._changed(
+            lambda db: db.execute(
                 "UPDATE switchyard_threads SET status = 'idle', updated_at = ? WHERE status = 'busy'", (_now(),)
-            ),
+            ).rowcount,
         )
 
     async def search(
@@ -652,9 +752,8 @@ class SqliteThreadStore:
             f"SELECT {_COLUMNS} FROM switchyard_threads "
             f"WHERE {' AND '.join(clauses)} ORDER BY created_at DESC LIMIT ? OFFSET ?"
         )
-        return await self._writer.read(
-            "search", lambda: self._select(query, (*params, _bounded(limit), _bounded(offset)))
-        )
+        bounds = (*params, _bounded(limit), _bounded(offset))
+        return await self._writer.read("search", lambda db: _select(db, query, bounds))
 
 
 def _sqlite_match(value: Any) -> tuple[str, list[Any]]:

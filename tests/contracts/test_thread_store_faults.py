@@ -20,6 +20,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -28,7 +29,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 from serving.persistence import ThreadSettings, open_thread_stores
-from serving.threads import ThreadStoreError, ThreadStoreTimeoutError
+from serving.threads import SqliteWriter, ThreadStoreError, ThreadStoreTimeoutError
 
 pytestmark = [pytest.mark.integration]
 
@@ -190,21 +191,41 @@ async def test_concurrent_threads_and_runs_with_cancellations(
 # --- cancellation in the middle of a transaction (SQLite, deterministic) ------------------
 
 
-async def _cancel_inside_transaction(connection: Any, coroutine: Any) -> asyncio.Task[Any]:
-    """Start ``coroutine`` and cancel it as soon as its transaction is open on
-    ``connection`` (between the write's statements and its commit)."""
-    deadline = time.monotonic() + 5
-    while connection.in_transaction:  # the write cancelled before this one is finishing
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0)
-    task = asyncio.ensure_future(coroutine)
-    while not connection.in_transaction and not task.done():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    return task
+class _InsideTransaction:
+    """Stops the SQLite worker inside the next write transaction it runs on
+    ``connection``, at the first statement after ``BEGIN IMMEDIATE`` (a trace callback,
+    installed once: it runs on the worker thread), until `cancel` has cancelled the
+    caller; so the caller is cancelled between the write's statements and its commit,
+    every time."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self._connection = connection
+        self._armed = False
+        self._inside = threading.Event()
+        self._resume = threading.Event()
+        connection.set_trace_callback(self._trace)
+
+    def _trace(self, statement: str) -> None:
+        if self._armed and self._connection.in_transaction and not statement.startswith("BEGIN"):
+            self._armed = False
+            self._inside.set()
+            self._resume.wait(5)
+
+    async def cancel(self, coroutine: Any) -> None:
+        """Start ``coroutine``, cancel it once its transaction is open, then let the
+        worker go on."""
+        self._inside.clear()
+        self._resume.clear()
+        self._armed = True
+        task = asyncio.ensure_future(coroutine)
+        try:
+            assert await asyncio.to_thread(self._inside.wait, 5), "no write transaction began"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            self._armed = False
+            self._resume.set()
 
 
 async def test_sqlite_writes_cancelled_mid_transaction_complete(tmp_path: Path) -> None:
@@ -217,18 +238,19 @@ async def test_sqlite_writes_cancelled_mid_transaction_complete(tmp_path: Path) 
     try:
         threads, checkpointer = stores.threads, stores.checkpointer
         connection = checkpointer.conn  # type: ignore[attr-defined] # the one shared connection
+        inside = _InsideTransaction(connection)
         graph = _graph(checkpointer)
         record, _ = await threads.create(tenant="a", metadata={"k": 1})
         assert record is not None
 
-        await _cancel_inside_transaction(connection, threads.update(record.thread_id, status="busy"))
+        await inside.cancel(threads.update(record.thread_id, status="busy"))
         stored = await threads.get(record.thread_id, tenant="a")
         assert stored is not None and stored.status == "busy"
-        await _cancel_inside_transaction(connection, threads.set_metadata(record.thread_id, {"m": 2}))
-        await _cancel_inside_transaction(connection, threads.create(tenant="a", thread_id="cancelled-create"))
+        await inside.cancel(threads.set_metadata(record.thread_id, {"m": 2}))
+        await inside.cancel(threads.create(tenant="a", thread_id="cancelled-create"))
         assert await threads.get("cancelled-create", tenant="a") is not None
-        await _cancel_inside_transaction(connection, graph.ainvoke({"steps": []}, _config("run")))
-        await _cancel_inside_transaction(connection, checkpointer.adelete_thread("nothing"))
+        await inside.cancel(graph.ainvoke({"steps": []}, _config("run")))
+        await inside.cancel(checkpointer.adelete_thread("nothing"))
         await threads.ping()
         assert await asyncio.to_thread(_write_lock_is_free, _sqlite_file(tmp_path))
 
@@ -239,6 +261,89 @@ async def test_sqlite_writes_cancelled_mid_transaction_complete(tmp_path: Path) 
         assert not connection.in_transaction
     finally:
         await stores.aclose()
+
+
+# --- the SQLite worker's batches (group commit) -----------------------------------------
+
+
+async def _queued_behind_a_held_worker(writer: SqliteWriter, calls: dict[str, Any]) -> dict[str, asyncio.Future[Any]]:
+    """Hold the worker in a unit, queue ``calls`` (name: (write?, work)) behind it, then
+    let it go: they all reach the worker as one batch."""
+    gate = threading.Event()
+    held = asyncio.ensure_future(writer.read("hold", lambda _db: gate.wait(5)))
+    await asyncio.sleep(0.05)
+    futures = {
+        name: asyncio.ensure_future((writer.write if write else writer.read)(name, work))
+        for name, (write, work) in calls.items()
+    }
+    await asyncio.sleep(0.05)  # every call is queued
+    gate.set()
+    assert await held
+    await asyncio.wait(futures.values())
+    return futures
+
+
+async def test_sqlite_batch_commits_together_and_fails_units_alone(tmp_path: Path) -> None:
+    """Units queued while the worker is busy run as one transaction (one ``BEGIN``), in
+    the order they were queued; a unit that fails, by a constraint or by its own error,
+    is rolled back alone and is an error for its caller only."""
+    writer = await SqliteWriter.open(tmp_path / "w.sqlite")
+    try:
+        await writer.write("schema", lambda db: db.execute("CREATE TABLE t (k TEXT PRIMARY KEY)"))
+        begins: list[str] = []
+        writer.connection.set_trace_callback(lambda sql: begins.append(sql) if sql.startswith("BEGIN") else None)
+
+        def half_then_fail(db: sqlite3.Connection) -> None:
+            db.execute("INSERT INTO t VALUES ('b')")
+            raise ValueError("the unit's own error")
+
+        def insert(key: str) -> Any:
+            return lambda db: db.execute("INSERT INTO t VALUES (?)", (key,)).rowcount
+
+        keys = "SELECT group_concat(k) FROM (SELECT k FROM t ORDER BY k)"
+        futures = await _queued_behind_a_held_worker(
+            writer,
+            {
+                "a": (True, insert("a")),
+                "b": (True, half_then_fail),
+                "a again": (True, insert("a")),  # the primary key refuses it
+                "d": (True, insert("d")),
+                "read": (False, lambda db: db.execute(keys).fetchone()[0]),
+            },
+        )
+        assert futures["a"].result() == 1 and futures["d"].result() == 1
+        with pytest.raises(ValueError, match="own error"):
+            futures["b"].result()
+        with pytest.raises(ThreadStoreError, match="a again failed.*UNIQUE"):
+            futures["a again"].result()
+        assert futures["read"].result() == "a,d"  # it saw the batch's earlier writes
+        assert begins == ["BEGIN IMMEDIATE"]
+        with sqlite3.connect(tmp_path / "w.sqlite") as other:
+            assert other.execute(keys).fetchone()[0] == "a,d"
+        assert not writer.connection.in_transaction
+    finally:
+        await writer.close()
+
+
+async def test_sqlite_unit_queued_past_its_timeout_never_runs(tmp_path: Path) -> None:
+    """A caller that timed out waiting for the worker gets `ThreadStoreTimeoutError`, and
+    its unit is dropped: it does not happen later behind its caller's back."""
+    writer = await SqliteWriter.open(tmp_path / "w.sqlite", timeout_s=0.3)
+    try:
+        await writer.write("schema", lambda db: db.execute("CREATE TABLE t (k TEXT PRIMARY KEY)"))
+        gate = threading.Event()
+        held = asyncio.ensure_future(writer.read("hold", lambda _db: gate.wait(5)))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ThreadStoreTimeoutError, match="late failed"):
+            await writer.write("late", lambda db: db.execute("INSERT INTO t VALUES ('late')"))
+        gate.set()
+        with pytest.raises(ThreadStoreTimeoutError):  # the holder overran its own timeout
+            await held
+        await writer.write("next", lambda db: db.execute("INSERT INTO t VALUES ('next')"))
+        rows = await writer.read("rows", lambda db: db.execute("SELECT k FROM t").fetchall())
+        assert rows == [("next",)]
+    finally:
+        await writer.close()
 
 
 # --- a write refused by the database, then the next call --------------------------------
