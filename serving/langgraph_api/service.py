@@ -514,6 +514,12 @@ class LangGraphService:
             "run_attempt": 1,
         }
         modes = body.modes()
+        lib_modes = [_LIB_MODE.get(m, m) for m in modes]
+        # A kept thread's status after the run: interrupted if the graph stopped at an
+        # interrupt, which the root graph reports as an `__interrupt__` update (a
+        # subgraph's included); watched here so that no checkpoint read is needed.
+        watch = keep and "updates" not in lib_modes
+        interrupted = False
         try:
             async with self._host.open(plan) as run:
                 if run.span.callbacks:
@@ -524,7 +530,7 @@ class LangGraphService:
                         prepared.graph_input,
                         config,
                         context=run.context(),
-                        stream_mode=[_LIB_MODE.get(m, m) for m in modes],
+                        stream_mode=[*lib_modes, "updates"] if watch else lib_modes,
                         subgraphs=body.stream_subgraphs,
                         version="v2",
                     )
@@ -532,6 +538,10 @@ class LangGraphService:
                     async with aclosing(run.events(stream)) as parts:
                         async for part in parts:
                             kind = part["type"]
+                            if kind == "updates" and not part["ns"] and "__interrupt__" in part["data"]:
+                                interrupted = interrupted or bool(part["data"]["__interrupt__"])
+                            if watch and kind == "updates":
+                                continue
                             name = "messages" if kind == "messages" else kind
                             if part["ns"]:
                                 name = f"{name}|{'|'.join(part['ns'])}"
@@ -544,12 +554,11 @@ class LangGraphService:
                                 if guard.active:
                                     data[0] = _checked_message(data[0], guard)
                             yield name, data
+                    await run.stage("streamed")
                     if keep:
-                        await run.stage("snapshot")
-                        snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
-                        # Waiting for an answer only if a task asked (a cancelled run
-                        # leaves `next` set too).
-                        run.thread_status = "interrupted" if snapshot.interrupts else "idle"
+                        # Waiting for an answer only if a task asked (static
+                        # breakpoints report an empty `__interrupt__`).
+                        run.thread_status = "interrupted" if interrupted else "idle"
                 except OutputBlockedError as exc:
                     # Closing the graph's stream (leaving the loop) stopped the run.
                     run.blocked()

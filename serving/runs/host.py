@@ -51,7 +51,7 @@ T = TypeVar("T")
 RunHook = Callable[[str], Awaitable[None]]
 """Awaited at each of `STAGES` (tests inject cancellations there)."""
 
-STAGES = ("make_way", "acquired", "thread_busy", "running", "snapshot", "ending")
+STAGES = ("make_way", "acquired", "thread_busy", "running", "streamed", "ending")
 """The await points of a run's set-up and tear-down, in order."""
 
 Outcome = Literal["ok", "blocked", "error", "cancelled"]
