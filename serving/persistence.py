@@ -10,12 +10,14 @@ At start, threads a crashed server left ``busy`` are made ``idle`` again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -28,11 +30,13 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving.threads import PostgresThreadStore, SqliteThreadStore, SqliteWriter, ThreadStore
+from serving.threads import PostgresThreadStore, PostgresWorkers, SqliteThreadStore, SqliteWriter, ThreadStore
 
 __all__ = ["ThreadSettings", "ThreadStores", "open_thread_stores"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ThreadSettings(BaseModel):
@@ -75,18 +79,84 @@ class ThreadStores:
         await self._close()
 
 
-class _SqliteSaver(SqliteSaver):
-    """The library's SQLite checkpointer on the thread store's connection, each call
-    one unit on the shared `SqliteWriter`'s worker: a write is transactional (with the
-    other units of its batch), run to its end even when the run that asked for it is
-    cancelled; a read is one hop, however many statements it takes. (The library's
-    `AsyncSqliteSaver` makes one event-loop round trip per statement, and a write
-    cancelled between its ``execute`` and its ``commit`` would leave its rows in an
-    open transaction.)"""
+class _UnitSaver:
+    """The asynchronous methods of one of the library's synchronous checkpointers, each
+    call one unit on a worker thread (`_unit`): a write runs to its end even when the
+    run that asked for it is cancelled; a read is one hop, however many statements it
+    takes. (The library's asynchronous savers make event-loop round trips per
+    statement and hold one lock across them: issue 10 in ``docs/performance.md``.)"""
+
+    async def _unit(self, operation: str, work: Callable[[], T], *, write: bool) -> T:
+        raise NotImplementedError
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._unit("checkpoint get", lambda: self.get_tuple(config), write=False)  # type: ignore[attr-defined]
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,  # noqa: A002 - the library's name
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        # Pages of a few checkpoints, each read in one unit: no worker or connection is
+        # held while the caller consumes them (a store call awaited in this loop must
+        # not wait behind it), and a long history is never read all at once.
+        remaining = limit
+        while remaining is None or remaining > 0:
+            size = _LIST_PAGE if remaining is None else min(_LIST_PAGE, remaining)
+            cursor = before
+
+            def page(cursor: RunnableConfig | None = cursor, size: int = size) -> list[CheckpointTuple]:
+                return list(self.list(config, filter=filter, before=cursor, limit=size))  # type: ignore[attr-defined]
+
+            items = await self._unit("checkpoint list", page, write=False)
+            for item in items:
+                yield item
+            if len(items) < size:
+                return
+            if remaining is not None:
+                remaining -= len(items)
+            before = {"configurable": {"checkpoint_id": items[-1].config["configurable"]["checkpoint_id"]}}
+
+    async def aput(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
+    ) -> RunnableConfig:
+        put = self.put  # type: ignore[attr-defined]
+        return await self._unit("checkpoint put", lambda: put(config, checkpoint, metadata, new_versions), write=True)
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        put_writes = self.put_writes  # type: ignore[attr-defined]
+        await self._unit("checkpoint writes", lambda: put_writes(config, writes, task_id, task_path), write=True)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._unit("checkpoint delete", lambda: self.delete_thread(thread_id), write=True)  # type: ignore[attr-defined]
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, Any]:
+        history = self.get_delta_channel_history  # type: ignore[attr-defined]
+        return await self._unit("checkpoint history", lambda: history(config=config, channels=channels), write=False)
+
+
+_LIST_PAGE = 16
+"""Checkpoints read per unit by `_UnitSaver.alist`."""
+
+
+class _SqliteSaver(_UnitSaver, SqliteSaver):
+    """The library's SQLite checkpointer on the thread store's connection, its calls
+    units of the shared `SqliteWriter` (a write is transactional with the other units
+    of its batch)."""
 
     def __init__(self, writer: SqliteWriter) -> None:
         super().__init__(writer.connection)
         self._writer = writer
+
+    async def _unit(self, operation: str, work: Callable[[], T], *, write: bool) -> T:
+        return await (self._writer.write if write else self._writer.read)(operation, lambda _db: work())
 
     @contextmanager
     def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
@@ -102,60 +172,24 @@ class _SqliteSaver(SqliteSaver):
         """Create the tables if needed (once, at open)."""
         await self._writer.read("checkpoint setup", lambda _db: self.setup())
 
-    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await self._writer.read("checkpoint get", lambda _db: self.get_tuple(config))
 
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,  # noqa: A002 - the library's name
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        # Pages of a few checkpoints, each read in one unit: the worker is never held
-        # while the caller consumes them (a store call awaited in this loop must not
-        # wait behind it), and a long history is never read all at once.
-        remaining = limit
-        while remaining is None or remaining > 0:
-            size = _LIST_PAGE if remaining is None else min(_LIST_PAGE, remaining)
-            cursor = before
+def _postgres_saver(workers: PostgresWorkers) -> BaseCheckpointSaver[Any]:
+    from langgraph.checkpoint.postgres import PostgresSaver  # noqa: PLC0415 - optional backend
 
-            def page(_db: Any, cursor: RunnableConfig | None = cursor, size: int = size) -> list[CheckpointTuple]:
-                return list(self.list(config, filter=filter, before=cursor, limit=size))
+    class _PostgresSaver(_UnitSaver, PostgresSaver):
+        """The library's PostgreSQL checkpointer on the thread store's pool, its calls
+        run on the shared `PostgresWorkers`."""
 
-            items = await self._writer.read("checkpoint list", page)
-            for item in items:
-                yield item
-            if len(items) < size:
-                return
-            if remaining is not None:
-                remaining -= len(items)
-            before = {"configurable": {"checkpoint_id": items[-1].config["configurable"]["checkpoint_id"]}}
+        def __init__(self) -> None:
+            super().__init__(workers.pool)
+            # The library's lock guards one shared connection; each call here takes
+            # its own from the pool, so calls need not wait for one another.
+            self.lock = contextlib.nullcontext()  # type: ignore[assignment]
 
-    async def aput(
-        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
-    ) -> RunnableConfig:
-        return await self._writer.write("checkpoint put", lambda _db: self.put(config, checkpoint, metadata, new_versions))
+        async def _unit(self, operation: str, work: Callable[[], T], *, write: bool) -> T:
+            return await workers.run(operation, work)
 
-    async def aput_writes(
-        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
-    ) -> None:
-        await self._writer.write("checkpoint writes", lambda _db: self.put_writes(config, writes, task_id, task_path))
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        await self._writer.write("checkpoint delete", lambda _db: self.delete_thread(thread_id))
-
-    async def aget_delta_channel_history(
-        self, *, config: RunnableConfig, channels: Sequence[str]
-    ) -> Mapping[str, Any]:
-        return await self._writer.read(
-            "checkpoint history", lambda _db: self.get_delta_channel_history(config=config, channels=channels)
-        )
-
-
-_LIST_PAGE = 16
-"""Checkpoints read per unit by `_SqliteSaver.alist`."""
+    return _PostgresSaver()
 
 
 async def open_thread_stores(settings: ThreadSettings, data_dir: Any) -> ThreadStores:
@@ -186,39 +220,47 @@ async def open_thread_stores(settings: ThreadSettings, data_dir: Any) -> ThreadS
 
 
 async def _open_postgres(settings: ThreadSettings) -> ThreadStores:
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver  # noqa: PLC0415 - optional backend
-    from psycopg import AsyncConnection  # noqa: PLC0415
+    from langgraph.checkpoint.postgres import PostgresSaver  # noqa: PLC0415 - optional backend
+    from psycopg import Connection  # noqa: PLC0415
     from psycopg.rows import dict_row  # noqa: PLC0415
-    from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415
+    from psycopg_pool import ConnectionPool  # noqa: PLC0415
 
     assert settings.postgres_dsn is not None
+    dsn = settings.postgres_dsn
     kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
-    # Tables and migrations first, on a connection of their own: a migration may take
-    # longer than the statement timeout the pool sets.
-    async with await AsyncConnection.connect(settings.postgres_dsn, **kwargs) as connection:
-        await AsyncPostgresSaver(connection).setup()  # type: ignore[arg-type]
     statement_timeout_ms = round(settings.statement_timeout_s * 1000)
 
-    async def configure(connection: Any) -> None:
-        await connection.execute(f"SET statement_timeout = {statement_timeout_ms}")
+    def configure(connection: Any) -> None:
+        connection.execute(f"SET statement_timeout = {statement_timeout_ms}")
 
-    pool = AsyncConnectionPool(
-        settings.postgres_dsn,
-        min_size=min(4, settings.pool_size),
-        max_size=settings.pool_size,
-        kwargs=kwargs,
-        configure=configure,
-        # A connection the server dropped (restart, pg_terminate_backend, idle timeout)
-        # is replaced when taken, instead of failing the call that took it.
-        check=AsyncConnectionPool.check_connection,
-        timeout=settings.timeout_s,
-        open=False,
-    )
-    await pool.open(wait=True, timeout=10)
+    def open_pool() -> Any:
+        # Tables and migrations first, on a connection of their own: a migration may
+        # take longer than the statement timeout the pool sets.
+        with Connection.connect(dsn, **kwargs) as connection:
+            PostgresSaver(connection).setup()  # type: ignore[arg-type]
+        pool = ConnectionPool(
+            dsn,
+            min_size=min(4, settings.pool_size),
+            max_size=settings.pool_size,
+            kwargs=kwargs,
+            configure=configure,
+            # Not checked when taken (a round trip per call): a call that meets a
+            # connection the server dropped is retried once (`PostgresWorkers.run`).
+            timeout=settings.timeout_s,
+            open=False,
+        )
+        try:
+            pool.open(wait=True, timeout=10)
+        except BaseException:
+            pool.close()
+            raise
+        return pool
+
+    workers = PostgresWorkers(await asyncio.to_thread(open_pool), workers=settings.pool_size, timeout_s=settings.timeout_s)
     try:
-        checkpointer = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
-        threads = await PostgresThreadStore.open(pool, timeout_s=settings.timeout_s)
+        checkpointer = _postgres_saver(workers)
+        threads = await PostgresThreadStore.open(workers)
     except BaseException:
-        await pool.close()
+        await workers.close()
         raise
-    return ThreadStores(checkpointer=checkpointer, threads=threads, backend="postgres", _close=pool.close)
+    return ThreadStores(checkpointer=checkpointer, threads=threads, backend="postgres", _close=workers.close)

@@ -56,6 +56,7 @@ starts afresh), and a write whose caller is cancelled still completes.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -65,7 +66,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,6 +74,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 __all__ = [
     "PostgresThreadStore",
+    "PostgresWorkers",
     "SqliteThreadStore",
     "SqliteWriter",
     "ThreadRecord",
@@ -289,8 +291,10 @@ def _storable(*values: Any) -> bool:
 
 
 class _Calls:
-    """Runs a store's calls: each bounded by a timeout, driver errors raised as
-    `ThreadStoreError`, writes run to their end even when the caller is gone."""
+    """Awaits a store's calls, which run on worker threads: each bounded by a timeout,
+    driver errors raised as `ThreadStoreError`. A worker hands a call's outcome back
+    with `resolve`, in one turn of the event loop; a caller that is cancelled or times
+    out does not stop its call, which runs on to its end (a failure is then logged)."""
 
     def __init__(
         self,
@@ -307,40 +311,19 @@ class _Calls:
         self.timeout_s = timeout_s
         self._errors = errors
         self._timeouts = timeouts
-        self._running: set[asyncio.Task[Any]] = set()
 
-    async def read(self, operation: str, work: Callable[[], Awaitable[T]]) -> T:
-        """A call that may be dropped halfway: nothing to undo."""
-        return await self._bounded(operation, work())
+    def deadline(self) -> float:
+        """`time.monotonic` past which a call submitted now must not start: its caller
+        has been told it timed out."""
+        return time.monotonic() + self.timeout_s
 
-    async def write(self, operation: str, work: Callable[[], Awaitable[T]]) -> T:
-        """A call that completes in its own task, even if the caller is cancelled or
-        times out (its failure is then logged)."""
-        task = asyncio.ensure_future(self._translated(operation, work()))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-        try:
-            return await self._bounded(operation, asyncio.shield(task))
-        except BaseException:
-            if not task.done():
-                task.add_done_callback(lambda done: _log_orphan(operation, done))
-            raise
-
-    async def drain(self) -> None:
-        """Wait (up to the timeout) for writes whose callers left."""
-        if self._running:
-            await asyncio.wait(set(self._running), timeout=self.timeout_s)
-
-    async def _bounded(self, operation: str, work: Awaitable[T]) -> T:
+    async def settle(self, operation: str, future: asyncio.Future[T]) -> T:
+        """The outcome of a call submitted to a worker, which will `resolve` ``future``."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._translated(operation, work)
+                return await future
         except TimeoutError:
             raise ThreadStoreTimeoutError(operation, f"no answer within {self.timeout_s:g} s") from None
-
-    async def _translated(self, operation: str, work: Awaitable[T]) -> T:
-        try:
-            return await work
         except ThreadStoreError:
             raise
         except self._errors as exc:
@@ -348,9 +331,19 @@ class _Calls:
             raise kind(operation, f"{type(exc).__name__}: {exc}") from exc
 
 
-def _log_orphan(operation: str, task: asyncio.Future[Any]) -> None:
-    if not task.cancelled() and (error := task.exception()) is not None:
-        log.warning("thread store %s failed after its caller left: %s", operation, error)
+def _resolve(operation: str, future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    """On the event loop: a call's outcome to its caller, or to the log if it left."""
+    if future.done():  # cancelled, or timed out
+        if not ok:
+            log.warning("thread store %s failed after its caller left: %s", operation, value)
+    elif ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+def _expired(operation: str) -> ThreadStoreTimeoutError:
+    return ThreadStoreTimeoutError(operation, "still queued at its timeout: not run")
 
 
 # --- SQLite -----------------------------------------------------------------------------
@@ -397,7 +390,6 @@ class SqliteWriter:
         self.connection = connection
         self._calls = _Calls(timeout_s, (sqlite3.Error,))
         self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
-        self._running: set[asyncio.Future[Any]] = set()
         self._worker = threading.Thread(target=self._serve, name="switchyard-sqlite", daemon=True)
         self._worker.start()
 
@@ -427,9 +419,10 @@ class SqliteWriter:
         return cls(await asyncio.to_thread(connect), timeout_s=timeout_s)
 
     async def drain(self) -> None:
-        """Wait (up to the timeout) for units whose callers left."""
-        if self._running:
-            await asyncio.wait(set(self._running), timeout=self._calls.timeout_s)
+        """Wait (up to the timeout) for units whose callers left: the worker runs units
+        in order, so once a unit queued now has run, they all have."""
+        with contextlib.suppress(ThreadStoreError):
+            await self.read("drain", lambda _db: None)
 
     async def close(self) -> None:
         """Wait for running units, then stop the worker, which closes the connection."""
@@ -455,16 +448,8 @@ class SqliteWriter:
     async def _run(self, operation: str, work: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_Unit(operation, work, write, time.monotonic() + self._calls.timeout_s, loop, future))
-        self._running.add(future)
-        future.add_done_callback(self._running.discard)
-        try:
-            # Shielded: a cancelled or timed-out caller leaves the unit to finish.
-            return await self._calls.read(operation, lambda: asyncio.shield(future))
-        except BaseException:
-            if not future.done():
-                future.add_done_callback(lambda done: _log_orphan(operation, done))
-            raise
+        self._queue.put(_Unit(operation, work, write, self._calls.deadline(), loop, future))
+        return await self._calls.settle(operation, future)
 
     # --- on the worker thread -------------------------------------------------------
 
@@ -493,7 +478,7 @@ class SqliteWriter:
         db = self.connection
         now = time.monotonic()
         outcomes: list[tuple[bool, Any]] = [
-            (False, ThreadStoreTimeoutError(unit.operation, "still queued for the writer at its timeout: not run"))
+            (False, _expired(unit.operation))
             if now > unit.deadline
             else (True, None)
             for unit in batch
@@ -577,12 +562,8 @@ def _deliver(batch: list[_Unit], outcomes: list[tuple[bool, Any]]) -> None:
     """On the event loop: hand each unit its outcome."""
     loop = asyncio.get_running_loop()
     for unit, (ok, value) in zip(batch, outcomes, strict=True):
-        if unit.loop is not loop or unit.future.done():
-            continue
-        if ok:
-            unit.future.set_result(value)
-        else:
-            unit.future.set_exception(value)
+        if unit.loop is loop:
+            _resolve(unit.operation, unit.future, ok, value)
 
 
 _SELECT_ONE = "SELECT {columns} FROM switchyard_threads WHERE thread_id = ?"
@@ -802,44 +783,107 @@ CREATE TABLE IF NOT EXISTS switchyard_threads (
 """
 
 
-class PostgresThreadStore:
-    """Thread records in PostgreSQL, on the pool the checkpointer uses."""
+class PostgresWorkers:
+    """A PostgreSQL pool (psycopg's synchronous one) and the worker threads that use it,
+    shared by the thread store and the checkpointer.
 
-    def __init__(self, pool: Any, *, timeout_s: float = 10.0) -> None:
+    Each call is a plain function that takes a connection from the pool, runs whole on
+    a worker thread and hands its outcome back to the event loop once. (Through the
+    asynchronous driver every statement was several turns of the event loop, and at 50
+    concurrent runs that loop was the bottleneck: issue 10 in ``docs/performance.md``.)
+    A call whose caller is cancelled still runs to its end; one still queued when its
+    caller's timeout ran out is dropped, never run late.
+    """
+
+    def __init__(self, pool: Any, *, workers: int, timeout_s: float) -> None:
         """Args:
-        pool: a ``psycopg_pool.AsyncConnectionPool`` in autocommit mode, which
-            checks connections as it hands them out.
+        pool: an open ``psycopg_pool.ConnectionPool`` in autocommit mode, which checks
+            connections as it hands them out; closed by `close`.
+        workers: threads (one connection each at most: the pool's size).
         timeout_s: the longest one call may take, waiting for a connection included.
         """
         import psycopg  # noqa: PLC0415 - optional backend, like the pool itself
         from psycopg_pool import PoolTimeout  # noqa: PLC0415
 
-        self._pool = pool
-        self._calls = _Calls(timeout_s, (psycopg.Error,), (psycopg.errors.QueryCanceled, PoolTimeout))
+        self.pool = pool
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="switchyard-pg")
+        self._calls = _Calls(timeout_s, (psycopg.Error, PoolTimeout), (psycopg.errors.QueryCanceled, PoolTimeout))
+        self._retry = (psycopg.OperationalError,)
+        self._no_retry = (psycopg.errors.QueryCanceled, PoolTimeout)
+        self._running: set[concurrent.futures.Future[None]] = set()
+
+    async def run(self, operation: str, work: Callable[[], T]) -> T:
+        """``work()`` on a worker thread; driver errors raised as `ThreadStoreError`.
+
+        Every call here is idempotent (upserts, merges, reads), so one that fails on a
+        connection the server dropped (a restart, a failover, ``pg_terminate_backend``)
+        is run once more, after the pool has checked its idle connections. Connections
+        are not checked each time they are taken: that was a round trip per call.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        deadline = self._calls.deadline()
+
+        def call() -> None:
+            try:
+                if time.monotonic() > deadline:
+                    raise _expired(operation)
+                try:
+                    outcome: tuple[bool, Any] = (True, work())
+                except self._retry as exc:
+                    if isinstance(exc, self._no_retry) or time.monotonic() > deadline:
+                        raise
+                    log.warning("thread store %s: %s; checking the pool's connections and retrying once", operation, exc)
+                    self.pool.check()
+                    outcome = (True, work())
+            except Exception as exc:
+                outcome = (False, exc)
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, operation, future, *outcome)
+
+        submitted = self._executor.submit(call)
+        self._running.add(submitted)
+        submitted.add_done_callback(self._running.discard)
+        return await self._calls.settle(operation, future)
+
+    async def close(self) -> None:
+        """Wait (up to the timeout) for running calls, then close the pool and stop the
+        workers."""
+        if running := set(self._running):
+            await asyncio.to_thread(concurrent.futures.wait, running, self._calls.timeout_s)
+        try:
+            await asyncio.to_thread(self.pool.close)
+        finally:
+            self._executor.shutdown(wait=False)
+
+
+class PostgresThreadStore:
+    """Thread records in PostgreSQL, on the pool and workers the checkpointer uses."""
+
+    def __init__(self, workers: PostgresWorkers) -> None:
+        self._workers = workers
+        self._pool = workers.pool
 
     @classmethod
-    async def open(cls, pool: Any, *, timeout_s: float = 10.0) -> PostgresThreadStore:
+    async def open(cls, workers: PostgresWorkers) -> PostgresThreadStore:
         """Create the table if needed."""
-        store = cls(pool, timeout_s=timeout_s)
-        await store._calls.write("open", lambda: store._execute(_PG_SCHEMA, ()))
+        store = cls(workers)
+        await workers.run("open", lambda: store._execute(_PG_SCHEMA, ()))
         return store
 
     async def close(self) -> None:
-        """Wait for running writes; the pool belongs to the caller, which closes it."""
-        await self._calls.drain()
+        """The pool belongs to the workers, which the caller closes."""
 
     async def ping(self) -> None:
-        await self._calls.write("ping", lambda: self._execute("SELECT 1", ()))
+        await self._workers.run("ping", lambda: self._execute("SELECT 1", ()))
 
-    async def _execute(self, query: str, params: tuple[Any, ...]) -> int:
-        async with self._pool.connection() as connection:
-            cursor = await connection.execute(query, params)
-            return int(cursor.rowcount)
+    def _execute(self, query: str, params: tuple[Any, ...]) -> int:
+        with self._pool.connection() as connection:
+            return int(connection.execute(query, params).rowcount)
 
-    async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[ThreadRecord]:
-        async with self._pool.connection() as connection:
-            cursor = await connection.execute(query, params)
-            rows = await cursor.fetchall()
+    def _fetch(self, query: str, params: tuple[Any, ...]) -> list[ThreadRecord]:
+        with self._pool.connection() as connection:
+            rows = connection.execute(query, params).fetchall()
         return [_pg_record(row) for row in rows]
 
     async def create(
@@ -855,27 +899,27 @@ class PostgresThreadStore:
         encoded = _dumps(metadata or {})
         now = _now()
 
-        async def unit() -> tuple[ThreadRecord, bool]:
+        def unit() -> tuple[ThreadRecord, bool]:
             for _ in range(2):  # the existing thread may be deleted between the two statements
-                inserted = await self._fetch(
+                inserted = self._fetch(
                     "INSERT INTO switchyard_threads VALUES (%s, %s, %s, 'idle', %s, %s, %s)"
                     f" ON CONFLICT DO NOTHING RETURNING {_COLUMNS}",
                     (thread_id, tenant, graph_id, encoded, now, now),
                 )
                 if inserted:
                     return inserted[0], True
-                existing = await self._fetch(f"SELECT {_COLUMNS} FROM switchyard_threads WHERE thread_id = %s", (thread_id,))
+                existing = self._fetch(f"SELECT {_COLUMNS} FROM switchyard_threads WHERE thread_id = %s", (thread_id,))
                 if existing:
                     return existing[0], False
             raise ThreadStoreError("create", f"thread {thread_id!r} was deleted while it was being created")
 
-        record, created = await self._calls.write("create", unit)
+        record, created = await self._workers.run("create", unit)
         return (record if record.tenant == tenant else None), created
 
     async def get(self, thread_id: str, *, tenant: str) -> ThreadRecord | None:
         if not _storable(thread_id):
             return None
-        rows = await self._calls.read(
+        rows = await self._workers.run(
             "get", lambda: self._fetch(f"SELECT {_COLUMNS} FROM switchyard_threads WHERE thread_id = %s", (thread_id,))
         )
         return rows[0] if rows and rows[0].tenant == tenant else None
@@ -894,7 +938,7 @@ class PostgresThreadStore:
         if not _storable(thread_id):
             return
         merge = _dumps(metadata) if metadata else None
-        await self._calls.write(
+        await self._workers.run(
             "update",
             lambda: self._execute(
                 "UPDATE switchyard_threads SET status = COALESCE(%s, status), graph_id = COALESCE(%s, graph_id),"
@@ -907,7 +951,7 @@ class PostgresThreadStore:
         encoded = _dumps(values)
         if not _storable(thread_id):
             return
-        await self._calls.write(
+        await self._workers.run(
             "set_metadata",
             lambda: self._execute(
                 "UPDATE switchyard_threads SET metadata = metadata || %s::jsonb, updated_at = %s WHERE thread_id = %s",
@@ -918,11 +962,11 @@ class PostgresThreadStore:
     async def delete(self, thread_id: str) -> None:
         if not _storable(thread_id):
             return
-        await self._calls.write("delete", lambda: self._execute("DELETE FROM switchyard_threads WHERE thread_id = %s", (thread_id,)))
+        await self._workers.run("delete", lambda: self._execute("DELETE FROM switchyard_threads WHERE thread_id = %s", (thread_id,)))
 
     async def recover(self) -> int:
         """Mark threads left ``busy`` ``idle`` (see `ThreadStore.recover` on replicas)."""
-        return await self._calls.write(
+        return await self._workers.run(
             "recover",
             lambda: self._execute(
                 "UPDATE switchyard_threads SET status = 'idle', updated_at = %s WHERE status = 'busy'", (_now(),)
@@ -951,7 +995,8 @@ class PostgresThreadStore:
             f"SELECT {_COLUMNS} FROM switchyard_threads WHERE {' AND '.join(clauses)} "
             "ORDER BY created_at DESC LIMIT %s OFFSET %s"
         )
-        return await self._calls.read("search", lambda: self._fetch(query, (*params, _bounded(limit), _bounded(offset))))
+        bounds = (*params, _bounded(limit), _bounded(offset))
+        return await self._workers.run("search", lambda: self._fetch(query, bounds))
 
 
 def _pg_record(row: Any) -> ThreadRecord:
