@@ -44,10 +44,13 @@ Why SQLite is used through one connection and one writer (issue 10):
   worker thread that stopped answering, shows in ``/readyz``.
 
 PostgreSQL needs less: the pool's connections are in autocommit mode (every statement
-its own transaction, rolled back by the server if it fails), a connection is checked
-when taken from the pool (so one killed by ``pg_terminate_backend`` or a restart is
-replaced instead of failing the call), a server-side ``statement_timeout`` ends
-statements stuck on a lock, and every call here has a client-side timeout too.
+its own transaction, rolled back by the server if it fails), a server-side
+``statement_timeout`` ends statements stuck on a lock, and every call here has a
+client-side timeout too. Calls run on worker threads through psycopg's synchronous pool
+(`PostgresWorkers`); a call that meets a connection the server dropped (a restart,
+``pg_terminate_backend``) is retried once after the pool checks its idle connections,
+which is safe because every call here and in the checkpointer is idempotent (upserts,
+merges, reads). Checking each connection as it was taken cost a round trip per call.
 
 On both, a storage failure is a `ThreadStoreError` for that call only (the next call
 starts afresh), and a write whose caller is cancelled still completes.
