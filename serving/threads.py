@@ -469,7 +469,12 @@ class SqliteWriter:
                         self._queue.put(None)  # stop after this batch
                         break
                     batch.append(unit)
-                outcomes = self._execute(batch)
+                try:
+                    outcomes = self._execute(batch)
+                except BaseException as exc:  # a bug here must not leave callers waiting
+                    log.exception("thread store: a batch of %d call(s) failed", len(batch))
+                    self._abort([], [], exc)
+                    outcomes = [(False, exc)] * len(batch)
                 for loop in {unit.loop for unit in batch}:
                     with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
                         loop.call_soon_threadsafe(_deliver, batch, outcomes)
@@ -504,6 +509,7 @@ class SqliteWriter:
                 outcomes[i] = (False, began)
                 continue
             savepoint = unit.write and writes > 1
+            inside = db.in_transaction
             try:
                 if savepoint:
                     db.execute("SAVEPOINT unit")
@@ -513,27 +519,27 @@ class SqliteWriter:
                 outcomes[i] = (True, result)
                 if unit.write or in_batch:  # a read that may have seen the batch's writes
                     in_batch.append(i)
+                continue
             except Exception as exc:
                 outcomes[i] = (False, exc)
-                if not unit.write:
-                    continue
-                if not savepoint or not db.in_transaction:
-                    # Its error ended the transaction (SQLite rolls back on some
-                    # errors), or it was the batch's one write: the batch's earlier
-                    # writes are gone with it, and its later ones run on their own.
-                    self._abort(outcomes, in_batch, exc)
-                    in_batch = []
-                    writes = sum(batch[j].write for j in live if j > i)
-                    began = self._begin() if writes else None
-                    continue
+                error: BaseException = exc
+            if inside and not db.in_transaction:
+                pass  # its error ended the transaction (SQLite rolls back on some errors)
+            elif not unit.write:
+                continue  # a failed read changed nothing
+            elif savepoint:
                 try:
                     db.execute("ROLLBACK TO unit")
                     db.execute("RELEASE unit")
+                    continue
                 except Exception as undo:
-                    self._abort(outcomes, in_batch, undo)
-                    in_batch = []
-                    writes = sum(batch[j].write for j in live if j > i)
-                    began = self._begin() if writes else None
+                    error = undo
+            # The transaction is gone or must go: the batch's earlier writes with it, and
+            # its later writes begin anew.
+            self._abort(outcomes, in_batch, error)
+            in_batch = []
+            writes = sum(batch[j].write for j in live if j > i)
+            began = self._begin() if writes else None
         if db.in_transaction:
             try:
                 db.commit()
