@@ -50,9 +50,13 @@ class KnowledgeCliEnv(Protocol):
 
 
 def _items(paths: list[Path]) -> Iterator[Document | DocumentParseError]:
-    for file, doc_id, _named in discover(paths):
+    for found in discover(paths):
+        if isinstance(found, DocumentParseError):
+            yield found
+            continue
+        file, doc_id, named = found
         try:
-            loaded = load_file(file, doc_id)
+            loaded = load_file(file, doc_id, follow_links=named)
         except DocumentParseError as exc:
             yield exc
             continue

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 __all__ = [
     "CollectionNotAllowedError",
+    "DocumentOwnershipError",
     "DocumentParseError",
     "EmbeddingError",
     "InvalidCollectionNameError",
+    "InvalidDocumentIdError",
     "InvalidFilterError",
     "KnowledgeError",
     "StoreLockedError",
@@ -50,6 +52,41 @@ class InvalidCollectionNameError(KnowledgeError):
         self.name = name
         super().__init__(
             f"invalid collection name {name!r}: use 1 to 64 letters, digits, '_' or '-'"
+        )
+
+
+class InvalidDocumentIdError(KnowledgeError):
+    """A document id no store can hold as given (see `check_document_id`).
+
+    Attributes:
+        doc_id: the id.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, doc_id: str, reason: str) -> None:
+        self.doc_id = doc_id
+        self.reason = reason
+        super().__init__(f"invalid document id {doc_id!r}: {reason}")
+
+
+class DocumentOwnershipError(KnowledgeError):
+    """A write that would replace or delete documents another tenant (or the operator)
+    wrote. Nothing was changed.
+
+    Attributes:
+        collection: the collection.
+        tenant: the tenant that asked.
+        doc_ids: the documents it may not replace or delete.
+    """
+
+    def __init__(self, collection: str, tenant: str | None, doc_ids: list[str]) -> None:
+        self.collection = collection
+        self.tenant = tenant
+        self.doc_ids = doc_ids
+        shown = ", ".join(repr(d) for d in doc_ids[:10]) + (f" and {len(doc_ids) - 10} more" if len(doc_ids) > 10 else "")
+        super().__init__(
+            f"tenant {tenant!r} may not replace or delete documents another tenant wrote in collection "
+            f"{collection!r}: {shown}; nothing was changed"
         )
 
 

@@ -4,12 +4,45 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["Chunk", "Document", "IngestReport", "SearchHit", "content_hash"]
+from knowledge.errors import InvalidDocumentIdError
+
+__all__ = ["MAX_DOCUMENT_ID", "Chunk", "Document", "IngestReport", "SearchHit", "check_document_id", "content_hash"]
+
+MAX_DOCUMENT_ID = 512
+"""Characters in a document id at most."""
+
+
+def check_document_id(doc_id: object) -> str:
+    """``doc_id`` if every store and the HTTP API can hold it exactly.
+
+    An id is 1 to `MAX_DOCUMENT_ID` characters of valid Unicode (no lone surrogates,
+    which no wire encoding carries) without control characters (NUL, newlines, tabs,
+    DEL...: ids travel in URLs, logs and terminal lines). Anything else, ``/``, ``#``,
+    ``?``, ``%``, ``..`` and spaces included, is part of the id as written.
+
+    Raises:
+        InvalidDocumentIdError: naming the id and what is wrong with it.
+    """
+    if not isinstance(doc_id, str):
+        raise InvalidDocumentIdError(str(doc_id), f"must be a string, not {type(doc_id).__name__}")
+    if not doc_id:
+        raise InvalidDocumentIdError(doc_id, "it is empty")
+    if len(doc_id) > MAX_DOCUMENT_ID:
+        raise InvalidDocumentIdError(doc_id[:40] + "...", f"longer than {MAX_DOCUMENT_ID} characters")
+    try:
+        doc_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidDocumentIdError(doc_id, "not valid Unicode text (a lone surrogate)") from None
+    for position, char in enumerate(doc_id):
+        if unicodedata.category(char) == "Cc":
+            raise InvalidDocumentIdError(doc_id, f"control character {char!r} at position {position}")
+    return doc_id
 
 
 def content_hash(text: str, title: str | None, metadata: dict[str, Any]) -> str:
@@ -28,18 +61,28 @@ class Document(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(min_length=1, max_length=512)
-    """Stable across re-ingestion; what updates and deletes refer to."""
+    id: str = Field(min_length=1, max_length=MAX_DOCUMENT_ID)
+    """Stable across re-ingestion; what updates and deletes refer to (see
+    `check_document_id`)."""
     text: str
     """The document's plain text (Markdown keeps its headings)."""
     title: str | None = None
     source: str = ""
-    """Where it came from (a file path, ``upload``...); shown with citations."""
+    """Where it came from (a path relative to the folder ingested, ``upload``...);
+    shown with citations."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Free-form fields; ``tags`` (a list of strings) is indexed for filters."""
     format: str = "text"
     """``markdown``, ``text``, ``html``, ``pdf`` or ``jsonl`` (chunking follows Markdown
     headings)."""
+
+    @field_validator("id")
+    @classmethod
+    def _storable_id(cls, value: str) -> str:
+        try:
+            return check_document_id(value)
+        except InvalidDocumentIdError as exc:
+            raise ValueError(exc.reason) from None
 
     @property
     def hash(self) -> str:

@@ -2,8 +2,15 @@
 
 A document's id is stable: its path relative to the root it was found under (a file
 named on its own has its file name), or, in a ``.jsonl`` file, the ``id`` of its
-record. A file that cannot be read becomes a `DocumentParseError` naming it and why;
-the other files go on.
+record. Its ``source`` is that relative path too (``file:line`` for a record), never
+the operator's absolute path. A file that cannot be read becomes a
+`DocumentParseError` naming it and why; the other files go on.
+
+Symbolic links inside a folder are not followed, wherever they point: a link leaving
+the folder (or dangling) is reported as a failure naming it, so nothing outside the
+folder is read; a link to something inside the folder is skipped, since its target is
+ingested under its own path. A path named on its own is read even if it is a link
+(the operator chose it).
 
 HTML keeps the text a reader sees: ``script``, ``style``, ``nav``, ``header``,
 ``footer`` and ``template`` elements are dropped, and ``h1``..``h6`` become Markdown
@@ -12,15 +19,17 @@ headings so that chunking follows them.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from knowledge.errors import DocumentParseError
-from knowledge.models import Document
+from knowledge.errors import DocumentParseError, InvalidDocumentIdError
+from knowledge.models import Document, check_document_id
 
 __all__ = ["LOADERS", "Loaded", "discover", "load_file", "parse_jsonl"]
 
@@ -36,37 +45,77 @@ class Loaded:
     errors: list[DocumentParseError]
 
 
-def discover(paths: list[Path]) -> Iterator[tuple[Path, str, bool]]:
+def discover(paths: list[Path]) -> Iterator[tuple[Path, str, bool] | DocumentParseError]:
     """``(file, id prefix, named)`` for every supported file under ``paths``: a file
     named directly has its file name as id; files found in a directory, their path
     relative to it. ``named`` is True for files named directly (an unsupported one
-    is then reported, not silently skipped). Hidden files and directories are skipped."""
+    is then reported, not silently skipped). Hidden files and directories are skipped.
+
+    In a directory, symbolic links are not followed: one that leaves the directory
+    (or dangles) and would have been ingested (a directory, or a supported file) is
+    yielded as a `DocumentParseError` naming it; one that stays inside is skipped (its
+    target is found under its own path)."""
     for path in paths:
         if path.is_dir():
-            for file in sorted(path.rglob("*")):
-                relative = file.relative_to(path)
-                if file.is_file() and not any(part.startswith(".") for part in relative.parts):
-                    if file.suffix.lower() in LOADERS:
-                        yield file, relative.as_posix(), False
+            yield from _walk(path, path, path.resolve())
         else:
             yield path, path.name, True
 
 
-def load_file(path: Path, doc_id: str) -> Loaded:
-    """The documents of one file.
+def _walk(root: Path, folder: Path, real_root: Path) -> Iterator[tuple[Path, str, bool] | DocumentParseError]:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        yield DocumentParseError(folder.relative_to(root).as_posix() or ".", f"cannot list: {exc.strerror or exc}")
+        return
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        path = Path(entry.path)
+        relative = path.relative_to(root).as_posix()
+        if entry.is_symlink():
+            target = path.resolve()
+            if target.exists() and (target == real_root or real_root in target.parents):
+                continue  # inside the folder: its target is ingested under its own path
+            if target.is_dir() or path.suffix.lower() in LOADERS:
+                yield DocumentParseError(relative, "a symbolic link leaving the folder (or dangling): not followed")
+        elif entry.is_dir(follow_symlinks=False):
+            yield from _walk(root, path, real_root)
+        elif entry.is_file(follow_symlinks=False) and path.suffix.lower() in LOADERS:
+            yield path, relative, False
+
+
+def load_file(path: Path, doc_id: str, *, follow_links: bool = True) -> Loaded:
+    """The documents of one file; their ``source`` is ``doc_id`` (the path relative to
+    the folder it was found in, or its file name), not ``path``.
+
+    Args:
+        path: the file.
+        doc_id: its id (a ``.jsonl`` file's records have their own).
+        follow_links: False for a file found in a folder: a symbolic link put in its
+            place since is refused, not read.
 
     Raises:
         DocumentParseError: the file is missing, of an unsupported type, unreadable,
-            or empty.
+            or empty, or its id is one no store can hold.
     """
-    source = str(path)
+    source = doc_id
     kind = LOADERS.get(path.suffix.lower())
     if kind is None:
         supported = ", ".join(sorted(LOADERS))
         raise DocumentParseError(source, f"unsupported file type {path.suffix or '(none)'!r} (supported: {supported})")
+    if kind != "jsonl":
+        try:
+            check_document_id(doc_id)
+        except InvalidDocumentIdError as exc:
+            raise DocumentParseError(repr(source), f"cannot be a document id: {exc.reason}") from None
     try:
-        raw = path.read_bytes()
+        descriptor = os.open(path, os.O_RDONLY | (0 if follow_links else os.O_NOFOLLOW))
+        with os.fdopen(descriptor, "rb") as file:
+            raw = file.read()
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise DocumentParseError(source, "a symbolic link: not followed") from None
         raise DocumentParseError(source, f"cannot read: {exc.strerror or exc}") from None
     if kind == "pdf":
         text, title = _pdf_text(raw, source), None
@@ -115,6 +164,11 @@ def parse_jsonl(text: str, source: str) -> Loaded:
             continue
         if not isinstance(body, str) or not body.strip():
             errors.append(DocumentParseError(where, f'record {doc_id!r} has no "text" string'))
+            continue
+        try:
+            check_document_id(doc_id)
+        except InvalidDocumentIdError as exc:
+            errors.append(DocumentParseError(where, str(exc)))
             continue
         if doc_id in seen:
             errors.append(DocumentParseError(where, f"id {doc_id!r} appears twice"))

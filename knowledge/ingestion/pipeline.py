@@ -1,6 +1,6 @@
 """Ingestion: documents to chunks, vectors and the store, idempotent by content hash.
 
-An unchanged document (same id, same content hash) is skipped; a changed one gets new
+An unchanged document (same id, same content hash, same source) is skipped; a changed one gets new
 chunks that replace the old ones as a whole (see `VectorStore.write_document`); with
 ``delete_missing``, documents of the collection that the source no longer has are
 removed. A document that fails (unreadable, empty, the embedder down) is reported
@@ -86,7 +86,7 @@ class Ingestor:
                 continue
             seen.add(item.id)
             stored = existing.get(item.id)
-            if stored is not None and stored.version == item.hash:
+            if stored is not None and stored.version == item.hash and stored.source == item.source:
                 report.skipped += 1
                 note(item.id, "skipped")
                 continue
