@@ -3,8 +3,16 @@
 A key maps to a tenant; the tenant says which graphs and model aliases it may use (and,
 as those layers arrive, tools and collections) and its limits. Keys are stored only as
 SHA-256 hashes: in ``auth.keys`` in the settings, or in the keys file
-(``<data_dir>/keys.yaml``) that ``switchyard keys create`` appends to. The key itself
-is shown once, when it is created.
+(``<data_dir>/keys.yaml``) that ``switchyard keys create`` appends to and
+``switchyard keys revoke`` removes from. The key itself is shown once, when it is
+created.
+
+The server watches the keys file: at most every ``auth.keys_reload_s`` (1 s by
+default) a request checks the file's identity (inode, size, modification and change
+times) and reloads it if it changed, so a revoked key gets 401 within that time, on
+every API. A file that was replaced (renamed over), rewritten in place or removed is
+picked up; a file that does not parse keeps the last good keys and logs an error.
+An unknown key also triggers the check at once, so a new key works immediately.
 
 Clients send the key as ``Authorization: Bearer <key>`` (OpenAI clients) or
 ``x-api-key: <key>`` (langgraph-sdk). Auth is on unless the server runs with ``--dev``.
@@ -12,9 +20,15 @@ Clients send the key as ``Authorization: Bearer <key>`` (OpenAI clients) or
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
+import os
 import secrets
-from collections.abc import Mapping
+import tempfile
+import time
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +47,10 @@ __all__ = [
     "create_key",
     "hash_key",
     "load_keys",
+    "revoke_key",
 ]
+
+log = logging.getLogger(__name__)
 
 KEY_PREFIX = "sy-"
 DEV_TENANT = "dev"
@@ -106,6 +123,9 @@ class AuthSettings(BaseModel):
     """Keys given in the settings (hashes); the keys file adds more."""
     keys_file: Path | None = None
     """Default: ``<data_dir>/keys.yaml``."""
+    keys_reload_s: float = Field(default=1.0, gt=0, le=60)
+    """How often (at most) the server checks the keys file for changes: a revoked
+    key is refused (401) at the latest this long after the file changed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +161,36 @@ def load_keys(path: Path) -> list[KeyRecord]:
     return records
 
 
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialise read-modify-write of the keys file between CLI processes (a
+    ``create`` and a ``revoke`` at once must not lose either change)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write_keys(path: Path, records: list[KeyRecord]) -> None:
+    """Replace the keys file atomically: a temporary file in the same directory,
+    flushed to disk, then renamed over it (readers see the old file or the new one)."""
+    text = yaml.safe_dump([r.model_dump() for r in records], sort_keys=False)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as temporary:
+            temporary.write(text)
+            temporary.flush()
+            os.fsync(temporary.fileno())
+        os.chmod(name, 0o600)
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+
+
 def create_key(path: Path, tenant: str, tenants: Mapping[str, TenantSettings]) -> tuple[str, KeyRecord]:
     """Make a new key for ``tenant`` and append its hash to the keys file.
 
@@ -156,43 +206,92 @@ def create_key(path: Path, tenant: str, tenants: Mapping[str, TenantSettings]) -
     record = KeyRecord(
         id=secrets.token_hex(4), tenant=tenant, sha256=hash_key(key), created_at=datetime.now(UTC).isoformat()
     )
-    records = load_keys(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(yaml.safe_dump([r.model_dump() for r in [*records, record]], sort_keys=False))
-    temporary.chmod(0o600)
-    temporary.replace(path)  # atomic: a crash leaves the old file or the new one
+    with _locked(path):
+        _write_keys(path, [*load_keys(path), record])
     return key, record
 
 
-class Authenticator:
-    """Resolves a request's key to a `Principal`."""
+def revoke_key(path: Path, key_id: str) -> KeyRecord:
+    """Remove the key ``key_id`` from the keys file (atomically, like `create_key`).
 
-    def __init__(self, settings: AuthSettings, keys_file: Path, *, enabled: bool) -> None:
+    A running server refuses the key within ``auth.keys_reload_s``.
+
+    Returns:
+        The removed record.
+
+    Raises:
+        ServingError: 404 when no key in the file has this id.
+    """
+    with _locked(path):
+        records = load_keys(path)
+        kept = [r for r in records if r.id != key_id]
+        if len(kept) == len(records):
+            raise ServingError(404, f"no key {key_id!r} in {path}")
+        _write_keys(path, kept)
+    return next(r for r in records if r.id == key_id)
+
+
+_FileStamp = tuple[int, int, int, int] | None
+"""A file's identity and version: inode, size, mtime and ctime in ns (None: absent)."""
+
+
+def _stamp(path: Path) -> _FileStamp:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+class Authenticator:
+    """Resolves a request's key to a `Principal`, following the keys file."""
+
+    def __init__(
+        self, settings: AuthSettings, keys_file: Path, *, enabled: bool, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.enabled = enabled
         self._settings = settings
         self._tenants = settings.tenants
         self._keys_file = keys_file
-        self._loaded_mtime: float | None = None
-        self._by_hash: dict[str, KeyRecord] = {}
-        self._load()
+        self._clock = clock
+        self._interval_s = settings.keys_reload_s
+        self._stamp: _FileStamp = _stamp(keys_file)
+        self._checked_at = clock()
+        # At start a bad file is an error (the server does not start); later, the
+        # last good keys stay in force.
+        self._by_hash = self._read()
         # --dev: one local user, bound only by the server-wide limits.
         unlimited = TenantLimits(requests_per_s=1e9, burst=10**9, max_concurrent_runs=10**9)
         self._dev = Principal(tenant=DEV_TENANT, key_id="-", settings=TenantSettings(limits=unlimited))
 
-    def _mtime(self) -> float | None:
-        try:
-            return self._keys_file.stat().st_mtime
-        except FileNotFoundError:
-            return None
-
-    def _load(self) -> None:
-        self._loaded_mtime = self._mtime()
+    def _read(self) -> dict[str, KeyRecord]:
         by_hash = {r.sha256: r for r in [*self._settings.keys, *load_keys(self._keys_file)]}
         for record in by_hash.values():
             if record.tenant not in self._tenants:
                 raise ServingError(500, f"key {record.id} names unknown tenant {record.tenant!r}")
+        return by_hash
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Reload the keys file if it changed; checked at most every
+        ``keys_reload_s`` unless ``force``. A file that does not load keeps the
+        last good keys (and is logged once per change)."""
+        now = self._clock()
+        if not force and now - self._checked_at < self._interval_s:
+            return
+        self._checked_at = now
+        stamp = _stamp(self._keys_file)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            by_hash = self._read()
+        except (ServingError, OSError, yaml.YAMLError) as exc:
+            log.error("keys file %s not reloaded, the last good keys stay in force: %s", self._keys_file, exc)
+            return
+        removed = len(self._by_hash.keys() - by_hash.keys())
+        added = len(by_hash.keys() - self._by_hash.keys())
         self._by_hash = by_hash
+        log.info("keys file %s reloaded: %d keys (%d added, %d removed)", self._keys_file, len(by_hash), added, removed)
 
     def authenticate(self, authorization: str | None, api_key: str | None) -> Principal:
         """The caller, from ``Authorization: Bearer`` or ``x-api-key``.
@@ -208,9 +307,10 @@ class Authenticator:
         if not key:
             raise ServingError(401, "an API key is required (Authorization: Bearer <key> or x-api-key)")
         digest = hash_key(key)
+        self.refresh()  # revocations: within keys_reload_s
         record = self._by_hash.get(digest)
-        if record is None and self._mtime() != self._loaded_mtime:
-            self._load()  # `switchyard keys create` ran since: no restart needed
+        if record is None:
+            self.refresh(force=True)  # `switchyard keys create` ran since: no restart, no wait
             record = self._by_hash.get(digest)
         if record is None:
             raise ServingError(401, "invalid API key")

@@ -29,7 +29,7 @@ from knowledge.cli import ingest, search
 from tools import ToolError
 from serving.app import create_app
 from serving.audit import verify
-from serving.auth import create_key, load_keys
+from serving.auth import create_key, load_keys, revoke_key
 from serving.errors import ServingError
 from serving.observability import configure_logging
 from serving.platform import Platform
@@ -226,6 +226,17 @@ def list_api_keys(ctx: typer.Context) -> None:
     settings = ctx.obj.settings
     for record in [*settings.auth.keys, *load_keys(settings.keys_file)]:
         typer.echo(f"{record.id}\t{record.tenant}\t{record.created_at}")
+
+
+@keys_app.command("revoke")
+def revoke_api_key(ctx: typer.Context, key_id: Annotated[str, typer.Argument(help="The key's id (`keys list`).")]) -> None:
+    """Remove a key from the keys file; a running server refuses it within
+    ``auth.keys_reload_s`` (1 s by default), no restart needed."""
+    settings = ctx.obj.settings
+    if any(record.id == key_id for record in settings.auth.keys):
+        raise ServingError(400, f"key {key_id} is in the settings (auth.keys): remove it there and restart the server")
+    record = revoke_key(settings.keys_file, key_id)
+    typer.echo(f"revoked key {record.id} of tenant {record.tenant} (removed from {settings.keys_file})")
 
 
 audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
