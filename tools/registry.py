@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from tools.base import Tool
 from tools.errors import UnknownToolError
+from tools.policy import NetworkPolicy
 from tools.settings import ToolsSettings
 
 if TYPE_CHECKING:
@@ -26,8 +27,13 @@ class ToolRegistry:
         """The built-in tools (``knowledge_search`` when there is a knowledge base)."""
         from tools.builtin import calculator, current_time, http_get, knowledge_search
 
-        tools = [calculator, current_time, http_get(settings.http_get.allowed_domains, max_bytes=settings.http_get.max_bytes,
-                                                     timeout_s=settings.http_get.timeout_s)]
+        fetch = settings.http_get
+        network = NetworkPolicy.from_config(fetch.allowed_networks, fetch.allowed_ports)
+        tools = [
+            calculator,
+            current_time,
+            http_get(fetch.allowed_domains, max_bytes=fetch.max_bytes, timeout_s=fetch.timeout_s, network=network),
+        ]
         if knowledge is not None:
             tools.append(knowledge_search(knowledge))
         return cls(tools, settings)

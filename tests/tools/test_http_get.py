@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tools import ToolCallRecord, ToolContext, ToolExecutor, ToolPolicy, ToolRegistry, ToolsSettings
+from tools import NetworkPolicy, ToolCallRecord, ToolContext, ToolExecutor, ToolPolicy, ToolRegistry, ToolsSettings
 from tools.builtin.http import HttpGetArgs, http_get
 
 pytestmark = pytest.mark.integration
@@ -66,15 +66,17 @@ def site() -> Iterator[str]:
     server.shutdown()
 
 
-def _executor(records: list[ToolCallRecord]) -> ToolExecutor:
-    tool = http_get(("127.0.0.1",), max_bytes=10_000, timeout_s=1.0)
+def _executor(records: list[ToolCallRecord], site: str) -> ToolExecutor:
+    # the stand-in site is on loopback, which http_get refuses unless configured
+    loopback = NetworkPolicy.from_config(["127.0.0.0/8"], [int(site.rsplit(":", 1)[1])])
+    tool = http_get(("127.0.0.1",), max_bytes=10_000, timeout_s=1.0, network=loopback)
     registry = ToolRegistry([tool], ToolsSettings())
     return ToolExecutor(registry, ToolPolicy(allowed=frozenset({"http_get"})), ToolContext(), records.append)
 
 
 async def test_an_allowed_host_is_fetched_and_redirects_on_it_followed(site: str) -> None:
     records: list[ToolCallRecord] = []
-    executor = _executor(records)
+    executor = _executor(records, site)
     page = await executor.run("1", "http_get", {"url": f"{site}/page"})
     assert "HTTP 200" in page.content and "Opening hours" in page.content
     hop = await executor.run("2", "http_get", {"url": f"{site}/hop"})
@@ -84,7 +86,7 @@ async def test_an_allowed_host_is_fetched_and_redirects_on_it_followed(site: str
 
 async def test_other_hosts_and_redirects_off_the_list_are_refused(site: str) -> None:
     records: list[ToolCallRecord] = []
-    executor = _executor(records)
+    executor = _executor(records, site)
     port = site.rsplit(":", 1)[1]
     other = await executor.run("1", "http_get", {"url": f"http://localhost:{port}/page"})
     assert "host 'localhost' is not on the allow-list (127.0.0.1)" in other.content
@@ -97,7 +99,7 @@ async def test_other_hosts_and_redirects_off_the_list_are_refused(site: str) -> 
 
 async def test_big_bodies_are_cut_and_slow_ones_time_out(site: str) -> None:
     records: list[ToolCallRecord] = []
-    executor = _executor(records)
+    executor = _executor(records, site)
     big = await executor.run("1", "http_get", {"url": f"{site}/big"})
     assert "[cut at 10000 bytes]" in big.content and big.content.count("a") <= 10_000 + 10
     started = asyncio.get_running_loop().time()
