@@ -31,6 +31,7 @@ from serving.app import create_app
 from serving.audit import verify
 from serving.auth import create_key, load_keys, revoke_key
 from serving.errors import ServingError
+from serving.http import ConnectionLimits, limited_protocol
 from serving.observability import configure_logging
 from serving.platform import Platform
 from serving.settings import ConfigError, Settings, load_settings
@@ -166,6 +167,15 @@ def serve(
             api,
             host=settings.server.host,
             port=settings.server.port,
+            # httptools with header size/count limits and request timeouts (serving/http.py).
+            http=limited_protocol(
+                ConnectionLimits(
+                    max_header_bytes=settings.server.max_header_bytes,
+                    max_headers=settings.server.max_headers,
+                    header_timeout_s=settings.server.header_timeout_s,
+                    body_timeout_s=settings.server.body_timeout_s,
+                )
+            ),
             log_config=None,
             access_log=False,
             # Streams get shutdown_grace_s (serving/sse.py); uvicorn waits a little longer.

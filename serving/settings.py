@@ -76,6 +76,18 @@ class ServerSettings(BaseModel):
     """Interval of SSE keepalive comments on idle streams."""
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     """Larger request bodies get 413."""
+    max_header_bytes: int = Field(default=65_536, ge=1024, le=16 << 20)
+    """A request's line and header fields together; larger heads get 431 and the
+    connection is closed (nothing past the limit is buffered; `serving.http`)."""
+    max_headers: int = Field(default=100, ge=16, le=10_000)
+    """Header fields per request; more get 431."""
+    header_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """A request's head must arrive within this long (from the connection's opening,
+    or from the request's first byte on a kept-alive connection): else 408 and the
+    connection is closed (a connection that sent nothing is closed)."""
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """A request's body must arrive within this long of its head, stalled or
+    trickled: else 408 (or the connection is closed if an answer has started)."""
     max_concurrent_runs: int = Field(default=128, ge=1)
     """Runs in progress at once on this server, all keys together (429 beyond)."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
