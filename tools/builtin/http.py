@@ -75,16 +75,16 @@ async def _check(url: httpx.URL, domains: tuple[str, ...], policy: NetworkPolicy
     port = url.port or _DEFAULT_PORTS[url.scheme]
     try:
         addresses: tuple[IPAddress, ...] = (ipaddress.ip_address(host),)
-        what = f"host {host!r} is"
+        literal = True
     except ValueError:  # a name, not an address literal
         addresses = await resolver.resolve(url.raw_host.decode("ascii").rstrip("."), port)  # IDNA-encoded
-        what = f"host {host!r} resolves to {{address}},"
+        literal = False
     for address in addresses:
         if (why := policy.address_refusal(address)) is not None:
+            what = f"host {host!r} is" if literal else f"host {host!r} resolves to {address},"
             raise TargetRefusedError(
                 host,
-                f"{what.format(address=address)} {why}; refused (configuration can allow its range:"
-                " tools.http_get.allowed_networks)",
+                f"{what} {why}; refused (configuration can allow its range: tools.http_get.allowed_networks)",
                 address=str(address), port=port,
             )
     if (why := policy.port_refusal(port)) is not None:
