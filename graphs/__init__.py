@@ -7,7 +7,7 @@ from ``eval`` or ``serving``.
 from graphs.context import CLIENT_CONTEXT_FIELDS, RunBudget, RunContext
 from graphs.deps import ChatModelProvider, GraphDeps
 from graphs.errors import GraphError, GraphLoadError, UnknownGraphError
-from graphs.guards import OutputBlockedError, OutputPolicy, StreamGuard, checked
+from graphs.guards import OutputBlockedError, OutputPolicy, StreamGuard, checked, checked_value
 from graphs.events import Citations, Finish, GraphEvent, TextDelta, ToolCallDelta, ToolResult, message_events
 from graphs.registry import GraphRegistry, GraphSpec, RegisteredGraph
 
@@ -33,5 +33,6 @@ __all__ = [
     "ToolResult",
     "UnknownGraphError",
     "checked",
+    "checked_value",
     "message_events",
 ]

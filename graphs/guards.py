@@ -8,6 +8,12 @@ tenant's lists, carried in `RunContext.output_policy`) has:
   card or account numbers...);
 - ``block``: terms that stop the answer (``finish_reason: "content_filter"``).
 
+Applied to every text that leaves the server, not only the model's answer: citations,
+tool results, tool-call arguments, interrupts and any state value (`checked_value`
+walks a value: messages, dicts, lists, interrupts). Redaction is idempotent (text
+already marked ``[redacted]`` is not redacted again), so a text checked when it was
+written and again where it leaves reads the same on every path.
+
 It is enforced in two places, so that no unchecked text is visible anywhere:
 
 - in the graph: `checked` wraps a model-calling node, so the message it returns (what
@@ -22,15 +28,26 @@ It is enforced in two places, so that no unchecked text is visible anywhere:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, BaseMessage
+from langgraph.types import Interrupt
+from pydantic import BaseModel
 
-__all__ = ["REDACTED", "OutputBlockedError", "OutputPolicy", "OutputVerdict", "StreamGuard", "checked"]
+__all__ = [
+    "REDACTED",
+    "OutputBlockedError",
+    "OutputPolicy",
+    "OutputVerdict",
+    "StreamGuard",
+    "checked",
+    "checked_value",
+]
 
 REDACTED = "[redacted]"
 
@@ -109,8 +126,18 @@ class OutputPolicy:
             return OutputVerdict(text=str(OutputBlockedError(term)), redactions=0, blocked=term)
         if self._redact is None:
             return OutputVerdict(text=text, redactions=0, blocked=None)
-        redacted, count = self._redact.subn(REDACTED, text)
-        return OutputVerdict(text=redacted, redactions=count, blocked=None)
+        if REDACTED not in text:
+            redacted, count = self._redact.subn(REDACTED, text)
+            return OutputVerdict(text=redacted, redactions=count, blocked=None)
+        # Checked before (a `checked` node's answer, read back from the state): the
+        # markers are kept as they are, so that checking twice reads as checking once
+        # even under a pattern that would match the marker itself.
+        parts, count = [], 0
+        for part in text.split(REDACTED):
+            redacted, found = self._redact.subn(REDACTED, part)
+            parts.append(redacted)
+            count += found
+        return OutputVerdict(text=REDACTED.join(parts), redactions=count, blocked=None)
 
     def redact_spans(self, text: str, end: int) -> tuple[str, int, int]:
         """``text[:end]`` redacted, using matches found in the whole ``text`` (so word
@@ -211,3 +238,87 @@ def _check_message(message: Any, policy: OutputPolicy) -> Any:
     if verdict.redactions:
         return message.model_copy(update={"content": verdict.text})
     return message
+
+
+class _ValueCheck:
+    """One walk of `checked_value`: what it redacted, what it does on a block."""
+
+    def __init__(self, policy: OutputPolicy, block: Literal["raise", "replace"]) -> None:
+        self.policy = policy
+        self.block = block
+        self.redactions = 0
+
+    def text(self, text: str) -> str:
+        verdict = self.policy.check(text)
+        if verdict.blocked is not None and self.block == "raise":
+            raise OutputBlockedError(verdict.blocked)
+        self.redactions += verdict.redactions
+        return verdict.text
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, BaseMessage):
+            return self.message(value)
+        if isinstance(value, dict):
+            return {key: self.value(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.value(item) for item in value]
+        if isinstance(value, tuple):
+            return tuple(self.value(item) for item in value)
+        if isinstance(value, Interrupt):
+            return Interrupt(value=self.value(value.value), id=value.id)
+        if isinstance(value, BaseModel):  # as the wire would carry it
+            return self.value(value.model_dump())
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return self.value(dataclasses.asdict(value))
+        return value
+
+    def content(self, content: Any) -> Any:
+        if isinstance(content, str):
+            return self.text(content)
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, str):
+                    part = self.text(part)
+                elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                    part = {**part, "text": self.text(part["text"])}
+                parts.append(part)
+            return parts
+        return content
+
+    def message(self, message: BaseMessage) -> BaseMessage:
+        """The message's texts checked: content, tool-call arguments (parsed, raw,
+        invalid), ``additional_kwargs`` (raw tool calls, reasoning) and a tool's
+        artifact; its ids, names and metadata are left as they are."""
+        update: dict[str, Any] = {"content": self.content(message.content)}
+        if message.additional_kwargs:
+            update["additional_kwargs"] = self.value(message.additional_kwargs)
+        for field in ("tool_calls", "invalid_tool_calls", "tool_call_chunks"):
+            calls = getattr(message, field, None)
+            if calls:
+                update[field] = [{**call, "args": self.value(call.get("args"))} for call in calls]
+        if getattr(message, "artifact", None) is not None:
+            update["artifact"] = self.value(message.artifact)  # type: ignore[attr-defined]
+        return message.model_copy(update=update)
+
+
+def checked_value(value: Any, policy: OutputPolicy, *, block: Literal["raise", "replace"]) -> tuple[Any, int]:
+    """``value`` with every text in it checked against ``policy``, and the number of
+    redactions made. The value itself is not changed (a checked copy is returned).
+
+    Walks strings, LangChain messages (their texts only, see `_ValueCheck.message`),
+    dicts (values, not keys), lists, tuples, interrupts, pydantic models and
+    dataclasses (as the wire would carry them: dicts).
+
+    Args:
+        block: what a text holding a blocked term becomes: ``"raise"`` stops (a run
+            whose output is being sent), ``"replace"`` puts the refusal in its place
+            (a stored state read back: there is no run to stop).
+
+    Raises:
+        OutputBlockedError: with ``block="raise"``, a text holds a blocked term.
+    """
+    walk = _ValueCheck(policy, block)
+    return walk.value(value), walk.redactions

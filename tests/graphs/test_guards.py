@@ -88,3 +88,36 @@ async def test_the_node_wrapper_checks_what_reaches_the_state() -> None:
     # Without a policy the node is untouched.
     plain = await wrapped({}, SimpleNamespace(context=SimpleNamespace(output_policy=None)))
     assert plain["messages"][0].content == "the secret is out"
+
+
+def test_redaction_is_idempotent_even_when_a_pattern_matches_the_marker() -> None:
+    """A text checked when a node wrote it is checked again where it leaves: twice
+    must read as once."""
+    policy = OutputPolicy(redact_patterns=("[A-Za-z]+",), redact=("secret",))
+    once = policy.check("a secret word").text
+    assert once == f"{REDACTED} {REDACTED} {REDACTED}"
+    assert policy.check(once).text == once and policy.check(once).redactions == 0
+
+
+def test_checked_value_walks_messages_and_state_without_changing_them() -> None:
+    from langchain_core.messages import ToolMessage
+    from langgraph.types import Interrupt
+
+    from graphs.guards import checked_value
+
+    policy = OutputPolicy(redact_patterns=(r"\S+@\S+\.example",), block=("launch code",))
+    call = AIMessage("", tool_calls=[{"name": "mail", "args": {"to": ["ada@x.example"]}, "id": "c1"}])
+    state = {
+        "messages": [HumanMessage("write to bo@y.example"), call, ToolMessage("sent to ada@x.example", tool_call_id="c1")],
+        "sources": [{"index": 1, "doc_id": "d", "text": "contact: cy@z.example"}],
+        "__interrupt__": [Interrupt(value={"args": {"to": "ada@x.example"}}, id="i1")],
+    }
+    checked, count = checked_value(state, policy, block="raise")
+    assert count == 5 and "example" not in repr(checked)
+    assert checked["messages"][1].tool_calls[0]["args"] == {"to": [REDACTED]}
+    assert checked["messages"][2].tool_call_id == "c1" and checked["sources"][0]["doc_id"] == "d"
+    assert "ada@x.example" in repr(state)  # the original is untouched
+    with pytest.raises(OutputBlockedError):
+        checked_value({"sources": [{"text": "the Launch Code is 0000"}]}, policy, block="raise")
+    replaced, _ = checked_value({"sources": [{"text": "the Launch Code is 0000"}]}, policy, block="replace")
+    assert "0000" not in replaced["sources"][0]["text"] and "withheld" in replaced["sources"][0]["text"]
