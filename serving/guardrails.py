@@ -7,8 +7,21 @@ Matching is case-insensitive on whole words (``secret`` does not match
 what to change; nothing of the request reaches a model.
 
 Output: `Guardrails.output_policy` is the `graphs.guards.OutputPolicy` of a caller
-(``guardrails.output_*`` plus the tenant's ``output_*`` lists): answers are redacted
-or blocked in the graph's model nodes and on the token stream of both protocols.
+(``guardrails.output_*`` plus the tenant's ``output_*`` lists). It applies to every
+text that leaves the server, wherever it leaves:
+
+- answers are checked in the graph's model nodes (`graphs.checked`, so the model's
+  own next turn sees the checked text) and on the token stream of both protocols;
+- everything else a run sends (citations, tool results, tool-call arguments, state
+  events, interrupts) is checked where it is sent (`OutputGuard.check_value`,
+  `OutputGuard.feed` for streamed tool-call arguments): a blocked term stops the run,
+  as in an answer;
+- a thread's stored state is left as the graph wrote it and checked where it is read
+  back (state, history, thread values, ``join``: `checked_for_reading`), with the
+  reader's policy; a text holding a blocked term reads as the refusal.
+
+Redaction is one function of the text (`OutputPolicy.check`, idempotent), so a text
+reads the same on every path that shows it.
 """
 
 from __future__ import annotations
@@ -20,11 +33,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from graphs import OutputBlockedError, OutputPolicy, StreamGuard
+from graphs import OutputBlockedError, OutputPolicy, StreamGuard, checked_value
 from serving.auth import Principal, TenantSettings
 from serving.errors import RequestError
 
-__all__ = ["GuardrailSettings", "Guardrails", "OutputGuard", "message_texts"]
+__all__ = ["GuardrailSettings", "Guardrails", "OutputGuard", "checked_for_reading", "message_texts"]
 
 
 class GuardrailSettings(BaseModel):
@@ -163,6 +176,35 @@ class OutputGuard:
         finally:
             self._flushed += guard.redactions
 
+    def pending(self) -> list[Any]:
+        """The keys of the streams holding text back."""
+        return list(self._streams)
+
+    def check_value(self, value: Any) -> Any:
+        """A checked copy of a value about to be sent whole (citations, a tool result,
+        a state event): every text in it redacted.
+
+        Raises:
+            OutputBlockedError: a text in it holds a blocked term (the run stops).
+        """
+        if self.policy is None:
+            return value
+        try:
+            checked, count = checked_value(value, self.policy, block="raise")
+        except OutputBlockedError as exc:
+            self.blocked = exc.term
+            raise
+        self._flushed += count
+        return checked
+
     @property
     def redactions(self) -> int:
         return self._flushed + sum(g.redactions for g in self._streams.values())
+
+
+def checked_for_reading(value: Any, policy: OutputPolicy | None) -> Any:
+    """A stored value (thread state) as the reader may see it: texts redacted, and a
+    text holding a blocked term replaced by the refusal (a read has no run to stop)."""
+    if policy is None:
+        return value
+    return checked_value(value, policy, block="replace")[0]

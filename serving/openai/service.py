@@ -118,30 +118,83 @@ def _guard_alias_chunk(chunk: dict[str, Any], guard: OutputGuard) -> dict[str, A
         index = choice.get("index", 0)
         if isinstance(content, str):
             content = guard.feed(index, content)
+        calls = _guard_alias_calls(delta.get("tool_calls"), index, guard)
         if choice.get("finish_reason"):
             content = (content or "") + guard.flush(index)
+            calls = _flush_alias_calls(calls, index, guard)
         if isinstance(content, str):
             delta = {**delta, "content": content}
-            if not content and len(delta) == 1 and not choice.get("finish_reason"):
+        if calls is not None:
+            delta = {**delta, "tool_calls": calls}
+        if isinstance(content, str) or calls is not None:
+            empty = not content and not calls and not (set(delta) - {"content", "tool_calls"})
+            if empty and not choice.get("finish_reason"):
                 continue  # held back entirely
         choices.append({**choice, "delta": delta})
     return {**chunk, "choices": choices} if choices else None
 
 
-def _tool_result(event: ToolResult) -> ToolResultOut:
-    return ToolResultOut(tool_call_id=event.tool_call_id, name=event.name, content=event.content, status=event.status)
+def _tool_result(event: ToolResult, guard: OutputGuard) -> ToolResultOut:
+    """Raises `OutputBlockedError`."""
+    content = guard.check_value(event.content)
+    return ToolResultOut(tool_call_id=event.tool_call_id, name=event.name, content=content, status=event.status)
+
+
+def _citations(event: Citations, guard: OutputGuard) -> list[Citation]:
+    """The sources as cited, their texts checked. Raises `OutputBlockedError`."""
+    return [Citation(**c) for c in guard.check_value(event.sources)]
+
+
+def _flush_arguments(encoder: _ChunkEncoder, guard: OutputGuard, keys: list[Any]) -> Iterator[str]:
+    """The held-back rest of streamed tool-call arguments (``("args", index)`` keys)."""
+    for key in keys:
+        if rest := guard.flush(key):
+            call = {"index": key[1], "function": {"arguments": rest}}
+            yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
+
+
+def _guard_alias_calls(calls: Any, index: int, guard: OutputGuard) -> list[dict[str, Any]] | None:
+    """A relayed delta's tool calls with their argument pieces checked (one stream per
+    choice and call). Raises `OutputBlockedError`."""
+    if not isinstance(calls, list):
+        return None
+    checked = []
+    for call in calls:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            key = (index, "args", call.get("index", 0))
+            if call.get("id") and key in guard.pending():  # a new call at this index
+                checked.append({"index": key[2], "function": {"arguments": guard.flush(key)}})
+            call = {**call, "function": {**function, "arguments": guard.feed(key, arguments)}}
+            if not call["function"]["arguments"] and set(call) <= {"index", "function"} and set(function) == {"arguments"}:
+                continue  # held back entirely
+        checked.append(call)
+    return checked
+
+
+def _flush_alias_calls(calls: list[dict[str, Any]] | None, index: int, guard: OutputGuard) -> list[dict[str, Any]] | None:
+    """``calls`` plus the held-back rest of choice ``index``'s tool-call arguments."""
+    for key in guard.pending():
+        if isinstance(key, tuple) and key[0] == index and (rest := guard.flush(key)):
+            calls = [*(calls or []), {"index": key[2], "function": {"arguments": rest}}]
+    return calls
 
 
 def _check_alias_answer(answer: dict[str, Any], guard: OutputGuard) -> None:
-    """Check each choice's content of a relayed whole answer, in place."""
+    """Check each choice's content and tool-call arguments of a relayed whole answer,
+    in place."""
     for choice in answer.get("choices") or []:
         message = choice.get("message") or {}
         content = message.get("content")
-        if not isinstance(content, str):
-            continue
         index = choice.get("index", 0)
         try:
-            message["content"] = guard.feed(index, content) + guard.flush(index)
+            if isinstance(content, str):
+                message["content"] = guard.feed(index, content) + guard.flush(index)
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") or {}
+                if isinstance(function.get("arguments"), str):
+                    function["arguments"] = guard.check_value(function["arguments"])
         except OutputBlockedError as exc:
             message.update(content=str(exc), tool_calls=None)
             choice["finish_reason"] = "content_filter"
@@ -278,17 +331,28 @@ class ChatCompletionService:
             text = guard.feed(0, event.text)
             if text:
                 yield encoder.content(text)
-        elif isinstance(event, ToolCallDelta):
-            call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
+            return
+        if isinstance(event, ToolCallDelta):
+            key = ("args", event.index)
+            if event.id and key in guard.pending():  # a new call at this index: the last one ended
+                yield from _flush_arguments(encoder, guard, [key])
+            arguments = guard.feed(key, event.arguments)
+            if not (arguments or event.id or event.name):
+                return  # held back entirely
+            call: dict[str, Any] = {"index": event.index, "function": {"arguments": arguments}}
             if event.id:
                 call.update(id=event.id, type="function")
             if event.name:
                 call["function"]["name"] = event.name
             yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
-        elif isinstance(event, ToolResult):
-            yield encoder.extension(tool_results=[_tool_result(event)])
+            return
+        # Any other event comes after the model's message has ended: the rest of its
+        # tool calls' arguments goes out first.
+        yield from _flush_arguments(encoder, guard, [k for k in guard.pending() if isinstance(k, tuple)])
+        if isinstance(event, ToolResult):
+            yield encoder.extension(tool_results=[_tool_result(event, guard)])
         elif isinstance(event, Citations):
-            yield encoder.extension(citations=[Citation(**c) for c in event.sources])
+            yield encoder.extension(citations=_citations(event, guard))
         elif isinstance(event, Finish):
             if rest := guard.flush(0):
                 yield encoder.content(rest)
@@ -372,12 +436,14 @@ class ChatCompletionService:
         finish = Finish(reason="stop", prompt_tokens=0, completion_tokens=0)
         citations: list[Citation] | None = None
         tool_results: list[ToolResultOut] = []
+        sources: list[dict[str, Any]] | None = None
+        results: list[ToolResult] = []
         async with aclosing(self._run_events(request, messages, run)) as events:
             async for event in events:
                 if isinstance(event, Citations):
-                    citations = [Citation(**c) for c in event.sources]
+                    sources = event.sources
                 elif isinstance(event, ToolResult):
-                    tool_results.append(_tool_result(event))
+                    results.append(event)
                 elif isinstance(event, TextDelta):
                     text.append(event.text)
                 elif isinstance(event, ToolCallDelta):
@@ -394,8 +460,12 @@ class ChatCompletionService:
         guard = run.guard
         try:
             content = guard.feed(0, content) + guard.flush(0)
+            for call in calls.values():
+                call["function"]["arguments"] = guard.check_value(call["function"]["arguments"])
+            citations = _citations(Citations(sources=sources), guard) if sources is not None else None
+            tool_results = [_tool_result(result, guard) for result in results]
         except OutputBlockedError as exc:
-            content, reason, calls = str(exc), "content_filter", {}
+            content, reason, calls, citations, tool_results = str(exc), "content_filter", {}, None, []
         message = ResponseMessage(content=content or None, tool_calls=[calls[i] for i in sorted(calls)] or None)
         return ChatCompletion(
             id=run.plan.run_id,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from gateway import BackendResponseError, BackendUnavailableError
-from graphs import OutputBlockedError, RunBudget, RunContext
+from graphs import OutputBlockedError, OutputPolicy, RunBudget, RunContext
 from serving._tasks import RunCancelledError, RunDeadlineError, RunGuard, guarded
 from serving.audit import AuditLog, tool_call_sink
 from serving.auth import Principal
@@ -202,6 +202,11 @@ class RunHost:
         self._tracing = tracing
         self._hook = hook
         self._settling: set[asyncio.Task[None]] = set()
+
+    def output_policy(self, principal: Principal) -> OutputPolicy | None:
+        """The caller's output policy (for reads of stored state; runs get theirs in
+        `ActiveRun.guard`)."""
+        return self._guardrails.output_policy(principal)
 
     async def at(self, stage: str) -> None:
         if self._hook is not None:
