@@ -5,6 +5,7 @@ what the run needs and gives it all back however the run ends; `RunRegistry` kee
 the records that cancel, join and resume address.
 """
 
+from serving.runs.errors import ClientError, client_error
 from serving.runs.checks import RunChecks, SamplingParams, json_problem, parse_sampling, run_messages
 from serving.runs.host import STAGES, ActiveRun, RunHook, RunHost, RunPlan
 from serving.runs.registry import RunRecord, RunRegistry, RunStatus
@@ -12,6 +13,7 @@ from serving.runs.registry import RunRecord, RunRegistry, RunStatus
 __all__ = [
     "STAGES",
     "ActiveRun",
+    "ClientError",
     "RunChecks",
     "RunHook",
     "RunHost",
@@ -20,6 +22,7 @@ __all__ = [
     "RunRegistry",
     "RunStatus",
     "SamplingParams",
+    "client_error",
     "json_problem",
     "parse_sampling",
     "run_messages",
