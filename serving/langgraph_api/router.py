@@ -166,7 +166,7 @@ async def _stream(
         if run.thread_id is not None:
             headers["Location"] = f"/threads/{quote(run.thread_id)}/runs/{run.run_id}/stream"
     else:
-        frames = sse_frames(started.events, started.first)
+        frames = sse_frames(started.events, started.first, run_id=run.run_id)
         close = started.events.aclose
     server = request.app.state.platform.settings.server
     return EventStream(
@@ -196,7 +196,7 @@ async def _wait(
                     elif name == "error":
                         result = {"__error__": data}
             except (RunDeadlineError, RunCancelledError) as exc:
-                result = {"__error__": stop_error(exc)}
+                result = {"__error__": stop_error(exc, started.record.run_id)}
     return _json(result, headers={"Content-Location": _location(started.record.thread_id, started.record.run_id)})
 
 

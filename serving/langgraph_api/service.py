@@ -28,7 +28,7 @@ from graphs import CLIENT_CONTEXT_FIELDS, GraphRegistry, OutputBlockedError, Reg
 from serving._tasks import RunCancelledError, RunDeadlineError
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
-from serving.guardrails import OutputGuard
+from serving.guardrails import OutputGuard, checked_for_reading
 from serving.langgraph_api.protocol import (
     AssistantSearch,
     RunCommand,
@@ -37,7 +37,7 @@ from serving.langgraph_api.protocol import (
     ThreadSearch,
     assistant_uuid,
 )
-from serving.runs import RunChecks, RunHost, RunPlan, RunRecord, parse_sampling, run_messages
+from serving.runs import RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
 __all__ = ["LangGraphService", "StartedRun", "dumps", "frame", "sse_frames", "stop_error"]
@@ -73,13 +73,16 @@ def frame(name: str, data: Any, index: int) -> str:
     return f"event: {name}\ndata: {dumps(data)}\nid: {index}\n\n"
 
 
-def stop_error(exc: RunDeadlineError | RunCancelledError) -> dict[str, str]:
-    """The ``error`` event data of a run stopped by its deadline or a cancel."""
-    kind = "DeadlineExceeded" if isinstance(exc, RunDeadlineError) else "RunCancelled"
-    return {"error": kind, "message": str(exc)}
+def stop_error(exc: BaseException, run_id: str | None = None) -> dict[str, str]:
+    """The ``error`` event data of a run stopped by its deadline or a cancel, or of a
+    failure that escaped the run (`serving.runs.client_error`: never an unexpected
+    exception's own text)."""
+    return client_error(exc, run_id=run_id).json()
 
 
-async def sse_frames(events: AsyncIterator[tuple[str, Any]], first: tuple[str, Any] | None = None) -> AsyncIterator[str]:
+async def sse_frames(
+    events: AsyncIterator[tuple[str, Any]], first: tuple[str, Any] | None = None, *, run_id: str | None = None
+) -> AsyncIterator[str]:
     """A run's events (after ``first``, already taken from them) as SSE frames with
     ids 0, 1, ...; a stopped run ends with an ``error`` event. Closes ``events``."""
     index = -1
@@ -91,8 +94,8 @@ async def sse_frames(events: AsyncIterator[tuple[str, Any]], first: tuple[str, A
             async for name, data in stream:
                 index += 1
                 yield frame(name, data, index)
-        except (RunDeadlineError, RunCancelledError) as exc:
-            yield frame("error", stop_error(exc), index + 1)
+        except Exception as exc:  # boundary: after the headers, an error is an event
+            yield frame("error", stop_error(exc, run_id), index + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,16 +117,54 @@ class StartedRun:
 
 
 def _checked_message(message: Any, guard: OutputGuard) -> Any:
-    """A ``messages`` event's AI message with its text checked: a streamed message's
-    chunks are held back and released by the guard, its last chunk flushes it."""
+    """A ``messages`` event's message with its texts checked. A streamed AI message's
+    text and tool-call arguments are held back and released by the guard (one stream
+    each), its last chunk flushes them; any other message is checked whole.
+
+    Raises:
+        OutputBlockedError: the message holds a blocked term.
+    """
     if not isinstance(message, AIMessage) or not isinstance(message.content, str):
-        return message
+        return guard.check_value(message)
     key = message.id
     text = guard.feed(key, message.content)
     last = not isinstance(message, AIMessageChunk) or message.chunk_position == "last"
-    if last or message.response_metadata.get("finish_reason"):
+    last = last or bool(message.response_metadata.get("finish_reason"))
+    if last:
         text += guard.flush(key)
-    return message if text == message.content else message.model_copy(update={"content": text})
+    if not isinstance(message, AIMessageChunk):
+        # Whole: its text went through the stream guard above; the rest is checked whole.
+        rest = guard.check_value(message.model_copy(update={"content": ""}))
+        return rest.model_copy(update={"content": text})
+    calls = [
+        {**chunk, "args": guard.feed((key, "args", chunk.get("index")), chunk.get("args") or "")}
+        for chunk in message.tool_call_chunks
+    ]
+    if last:
+        for stream in guard.pending():
+            if isinstance(stream, tuple) and stream[0] == key:
+                rest = guard.flush(stream)
+                same = next((c for c in calls if c.get("index") == stream[2]), None)
+                if same is not None:
+                    same["args"] += rest
+                elif rest:
+                    calls.append({"name": None, "args": rest, "id": None, "index": stream[2], "type": "tool_call_chunk"})
+    if not calls and not message.tool_call_chunks and not message.additional_kwargs:
+        return message if text == message.content else message.model_copy(update={"content": text})
+    # Rebuilt, so that the parsed ``tool_calls`` come from the checked arguments.
+    data = message.model_dump(exclude={"tool_calls", "invalid_tool_calls"})
+    data.update(content=text, tool_call_chunks=calls, additional_kwargs=guard.check_value(message.additional_kwargs))
+    return AIMessageChunk(**data)
+
+
+def _task_error(error: Any) -> str | None:
+    """A failed task's error read back from the state: its client message (an
+    unexpected exception's text stays in the server log)."""
+    if not error:
+        return None
+    if not isinstance(error, BaseException):
+        return "internal error; the server log of the run that failed has the detail"
+    return client_error(error, log_unexpected=False).message
 
 
 def _interrupts(interrupts: Any) -> list[dict[str, Any]]:
@@ -217,17 +258,18 @@ class LangGraphService:
         snapshot = await graph.aget_state({"configurable": configurable})
         return snapshot if snapshot.created_at is not None else None
 
-    async def _thread_json(self, record: ThreadRecord) -> dict[str, Any]:
+    async def _thread_json(self, record: ThreadRecord, principal: Principal) -> dict[str, Any]:
         snapshot = await self._snapshot(record)
         interrupts = {task.id: _interrupts(task.interrupts) for task in snapshot.tasks if task.interrupts} if snapshot else {}
+        policy = self._host.output_policy(principal)
         return {
             "thread_id": record.thread_id,
             "created_at": record.created_at,
             "updated_at": record.updated_at,
             "metadata": record.metadata,
             "status": record.status,
-            "values": snapshot.values if snapshot else None,
-            "interrupts": interrupts,
+            "values": checked_for_reading(snapshot.values, policy) if snapshot else None,
+            "interrupts": checked_for_reading(interrupts, policy),
             "config": {},
         }
 
@@ -246,18 +288,32 @@ class LangGraphService:
         )
         if record is None or (not created and body.if_exists == "raise"):
             raise ServingError(409, f"thread {body.thread_id!r} already exists")
-        return await self._thread_json(record)
+        return await self._thread_json(record, principal)
 
     async def get_thread(self, thread_id: str, principal: Principal) -> dict[str, Any]:
-        return await self._thread_json(await self._record(thread_id, principal))
+        return await self._thread_json(await self._record(thread_id, principal), principal)
 
     async def search_threads(self, query: ThreadSearch, principal: Principal) -> list[dict[str, Any]]:
         records = await self._threads.search(
             tenant=principal.tenant, metadata=query.metadata, status=query.status, limit=query.limit, offset=query.offset
         )
-        return [await self._thread_json(record) for record in records]
+        return [await self._thread_json(record, principal) for record in records]
 
-    def _state_json(self, snapshot: StateSnapshot) -> dict[str, Any]:
+    def _state_json(self, snapshot: StateSnapshot, principal: Principal) -> dict[str, Any]:
+        """A state as the reader may see it: its texts checked against the reader's
+        output policy (the stored state is left as the graph wrote it), a failed
+        task's error as a client message."""
+        state = self._raw_state_json(snapshot)
+        policy = self._host.output_policy(principal)
+        if policy is not None:  # what the graph wrote; ids, checkpoints and metadata are the server's or the client's
+            state["values"] = checked_for_reading(state["values"], policy)
+            state["interrupts"] = checked_for_reading(state["interrupts"], policy)
+            for task in state["tasks"]:
+                task["result"] = checked_for_reading(task["result"], policy)
+                task["interrupts"] = checked_for_reading(task["interrupts"], policy)
+        return state
+
+    def _raw_state_json(self, snapshot: StateSnapshot) -> dict[str, Any]:
         def checkpoint(config: Any) -> dict[str, Any] | None:
             if not config:
                 return None
@@ -277,7 +333,7 @@ class LangGraphService:
                     "id": task.id,
                     "name": task.name,
                     "path": list(task.path),
-                    "error": str(task.error) if task.error else None,
+                    "error": _task_error(task.error),
                     "interrupts": _interrupts(task.interrupts),
                     "checkpoint": None,
                     "state": None,
@@ -306,7 +362,7 @@ class LangGraphService:
         if snapshot is None:
             empty: dict[str, Any] = {"values": {}, "next": [], "tasks": [], "checkpoint": None}
             return {**empty, "parent_checkpoint": None, "metadata": None, "created_at": None, "interrupts": []}
-        return self._state_json(snapshot)
+        return self._state_json(snapshot, principal)
 
     async def thread_history(
         self, thread_id: str, limit: int, principal: Principal, before: str | None = None
@@ -321,7 +377,7 @@ class LangGraphService:
         states: list[dict[str, Any]] = []
         size = 0
         async for snapshot in graph.aget_state_history(config, limit=limit, before=older):
-            state = self._state_json(snapshot)
+            state = self._state_json(snapshot, principal)
             size += len(dumps(state))
             if states and size > self._max_history_bytes:
                 break  # paged by size too: the client asks again with `before`
@@ -482,7 +538,9 @@ class LangGraphService:
 
     def start_background(self, started: StartedRun) -> None:
         """Run on in a task of the server's, keeping the frames for `follow`."""
-        self._host.runs.start_background(started.record, sse_frames(started.events, started.first), started.events.aclose)
+        self._host.runs.start_background(
+            started.record, sse_frames(started.events, started.first, run_id=started.record.run_id), started.events.aclose
+        )
 
     async def aclose(self) -> None:
         await self._host.aclose()
@@ -548,11 +606,15 @@ class LangGraphService:
                             data = part["data"]
                             if kind == "values" and part.get("interrupts"):
                                 data = {**data, "__interrupt__": _interrupts(part["interrupts"])}
-                            elif kind == "messages":
+                            if kind == "messages":
                                 run.token()
                                 data = list(data)
-                                if guard.active:
+                                if guard.active:  # the message; its metadata is the server's
                                     data[0] = _checked_message(data[0], guard)
+                            elif guard.active:
+                                # State, updates, custom events: whatever the graph sends
+                                # leaves the server here (citations, tool results, arguments).
+                                data = guard.check_value(data)
                             yield name, data
                     await run.stage("streamed")
                     if keep:
@@ -563,13 +625,17 @@ class LangGraphService:
                     # Closing the graph's stream (leaving the loop) stopped the run.
                     run.blocked()
                     run.thread_status = "idle"
-                    yield "error", {"error": "OutputBlocked", "message": str(exc)}
+                    yield "error", client_error(exc).json()
                 except (RunDeadlineError, RunCancelledError):
                     raise
                 except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
-                    log.warning("run %s on thread %s failed: %r", plan.run_id, thread_id, exc)
                     run.fail(exc)
-                    yield "error", {"error": exc.__class__.__name__, "message": str(exc)}
+                    # A known failure keeps its message; an unexpected one is logged
+                    # whole and the client gets a generic message naming the ids.
+                    error = client_error(exc, run_id=plan.run_id)
+                    if error.type != "InternalError":
+                        log.warning("run %s on thread %s failed: %s: %s", plan.run_id, thread_id, error.type, error.message)
+                    yield "error", error.json()
         finally:
             if not keep:  # in memory: nothing to wait for
                 await self._scratch.adelete_thread(thread_id)
