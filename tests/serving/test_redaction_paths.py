@@ -185,6 +185,21 @@ def test_openai_tool_arguments_and_results_are_redacted(policy_server: tuple[Ser
     assert results and results[0]["content"] == "probe saw '[redacted]'"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_relayed_tool_arguments_are_redacted(policy_server: tuple[ServerHandle, dict[str, str]], stream: bool) -> None:
+    """A model alias's own tool calls, relayed as the backend sent them."""
+    server, keys = policy_server
+    raw = _openai(server, keys["globex"], "fake-tools", "SCRIPT:probe", stream=stream)
+    assert not _leaks(raw, "hello"), raw
+    if stream:
+        calls = [call for chunk in _chunks(raw) for choice in chunk["choices"] for call in choice["delta"].get("tool_calls") or []]
+        assert calls[0]["function"]["name"] == "probe" and calls[0]["id"]
+        arguments = "".join(call["function"].get("arguments") or "" for call in calls)
+    else:
+        arguments = json.loads(raw)["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(arguments) == {"note": "[redacted]"}
+
+
 def test_langgraph_tool_arguments_and_results_are_redacted(policy_server: tuple[ServerHandle, dict[str, str]]) -> None:
     server, keys = policy_server
     key = keys["globex"]
