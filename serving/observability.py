@@ -3,6 +3,10 @@
 Every request gets an ``x-request-id`` (the client's, if it sent a sane one, else a
 new one). It is echoed on the response, kept in a context variable for the duration
 of the request, and stamped on every log record emitted while handling it.
+
+Log lines cannot be forged by what clients send: the text format escapes control
+characters and line separators in every message (a ``model`` of ``"x\nFAKE"`` is
+logged as ``x\\nFAKE`` on one line), and the JSON format escapes them inside its strings.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ __all__ = [
     "RequestIdMiddleware",
     "ServingMetrics",
     "JsonFormatter",
+    "TextFormatter",
     "configure_logging",
     "current_request_id",
+    "escape_controls",
     "set_run_id",
 ]
 
@@ -107,6 +113,24 @@ class RequestIdMiddleware:
 
 _RUN_ID: contextvars.ContextVar[str] = contextvars.ContextVar("switchyard_run_id", default="-")
 
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""C0 and C1 control characters and Unicode line/paragraph separators: what a log
+reader (or ``str.splitlines``) could take for the end of a line."""
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029]")
+"""What ``json.dumps(ensure_ascii=False)`` leaves raw but splits lines for some readers."""
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group(0)
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` on one line: control characters and line separators as escapes
+    (``\\n``, ``\\x1b``, ``\\u2028``)."""
+    return _CONTROLS.sub(_escaped, text)
+
 
 def set_run_id(run_id: str) -> None:
     """Stamp ``run_id`` on the log records of the current task (and tasks it starts)."""
@@ -135,7 +159,17 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", json.dumps(entry, ensure_ascii=False))
+
+
+class TextFormatter(logging.Formatter):
+    """The text format, one line per message: control characters in the message are
+    escaped (`escape_controls`), so a value from a request cannot start a line of its
+    own. A traceback, our own text, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
 
 
 def configure_logging(level: str, log_file: str | None = None, *, fmt: str = "text") -> None:
@@ -146,7 +180,7 @@ def configure_logging(level: str, log_file: str | None = None, *, fmt: str = "te
     if log_file:
         handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
     formatter: logging.Formatter = (
-        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+        JsonFormatter() if fmt == "json" else TextFormatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
     )
     for handler in handlers:
         handler.setFormatter(formatter)
