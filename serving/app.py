@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -40,6 +41,18 @@ from serving.sse import Drain
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def _public_reason(reason: str) -> str:
+    """A probe's reason without the backend's address (``/readyz`` is open to all;
+    the log keeps the full reason)."""
+    def replace(match: re.Match[str]) -> str:
+        url = match.group(0)
+        return "the backend" + url[len(url.rstrip(":,.;)")) :]  # keep the sentence's punctuation
+
+    return _URL.sub(replace, reason)
 
 
 def _tune_gc() -> None:
@@ -108,7 +121,17 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
             await built.aclose()
             tracing.shutdown()  # exports the spans still buffered
 
-    app = FastAPI(title="Switchyard", version="0.1.0", lifespan=lifespan)
+    # With keys on, the API description is not public unless configured: the schema
+    # needs a key like any route, and the HTML pages (which cannot send one) are off.
+    public_docs = settings.server.dev or settings.server.public_api_docs
+    app = FastAPI(
+        title="Switchyard",
+        version="0.1.0",
+        lifespan=lifespan,
+        openapi_url="/openapi.json" if public_docs else None,
+        docs_url="/docs" if public_docs else None,
+        redoc_url="/redoc" if public_docs else None,
+    )
     app.state.drain = Drain()  # begun by the server on SIGTERM (serving/cli.py)
     app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)
     tracing = open_tracing(settings.tracing)
@@ -121,10 +144,19 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
     app.include_router(langgraph_router)
     app.include_router(langgraph_open_router)
 
+    if not public_docs:
+
+        @app.get("/openapi.json", include_in_schema=False, dependencies=[require_key])
+        async def openapi() -> JSONResponse:
+            """The OpenAPI schema, for callers with a key."""
+            return JSONResponse(app.openapi())
+
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:
         """The process is alive (it may not be ready)."""
         return {"status": "ok"}
+
+    logged_reasons: dict[str, str] = {}
 
     @app.get(
         "/readyz",
@@ -136,14 +168,20 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         with each backend's reason (still loading, refused...)."""
         built: Platform = app.state.platform
         results = await built.gateway.probe(built.graph_backends())
-        backends = {r.backend_id: r.reason for r in results}
+        # Open to anyone: each reason without URLs or addresses; the details go to the log.
+        backends = {r.backend_id: _public_reason(r.reason) for r in results}
         ready = all(r.ready for r in results)
+        for result in results:
+            if not result.ready and logged_reasons.get(result.backend_id) != result.reason:
+                log.warning("not ready: backend %s: %s", result.backend_id, result.reason)
+            logged_reasons[result.backend_id] = result.reason  # logged once per change
         stores = app.state.thread_stores
         try:
             await asyncio.wait_for(stores.threads.ping(), settings.gateway.probe_timeout_s)
             store = "ok"
         except Exception as exc:  # boundary: report why the store is not ready
-            store, ready = f"{stores.backend} does not answer: {exc.__class__.__name__}: {exc}", False
+            log.warning("not ready: thread store %s: %s: %s", stores.backend, exc.__class__.__name__, exc)
+            store, ready = f"{stores.backend} does not answer: {exc.__class__.__name__}", False
         return JSONResponse(
             {"status": "ready" if ready else "not ready", "backends": backends, "threads": store},
             status_code=200 if ready else 503,

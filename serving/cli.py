@@ -7,7 +7,9 @@ Sub-commands live next to the package they drive (``gateway/cli.py``: ``backend`
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import logging
 import os
 import signal
 import sys
@@ -38,6 +40,8 @@ from serving.settings import ConfigError, Settings, load_settings
 from serving.sse import Drain
 
 __all__ = ["CliEnv", "app", "main"]
+
+log = logging.getLogger(__name__)
 
 
 class CliEnv:
@@ -129,16 +133,37 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Interface to bind (default: server.host).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: server.port).")] = None,
     config: ConfigOption = None,
-    dev: Annotated[bool, typer.Option("--dev", help="Local single-user mode.")] = False,
+    dev: Annotated[bool, typer.Option("--dev", help="Local single-user mode (no API keys; loopback only).")] = False,
+    allow_remote_dev: Annotated[
+        bool,
+        typer.Option("--allow-remote-dev", help="Let --dev listen on a non-loopback --host: anyone who reaches it has no key to show."),
+    ] = False,
 ) -> None:
     """Serve the API; starts the local model backend first if an alias needs it."""
     server: dict[str, Any] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     if dev:
         server["dev"] = True
+    if allow_remote_dev:
+        server["allow_remote_dev"] = True
     settings = CliEnv(config or ctx.obj.config, **({"server": server} if server else {})).settings
+    remote_dev = settings.server.dev and not _is_loopback(settings.server.host)
+    if remote_dev and not settings.server.allow_remote_dev:
+        raise ServingError(
+            400,
+            f"--dev turns API keys off; it listens only on loopback, not on {settings.server.host!r}. "
+            "Drop --dev (and create keys: switchyard keys create), or add --allow-remote-dev if every "
+            "client that can reach this address may use every graph and model",
+        )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     (settings.data_dir / "logs").mkdir(exist_ok=True)
     configure_logging(settings.log_level, str(settings.data_dir / "logs" / "switchyard.log"), fmt=settings.log_format)
+    if remote_dev:
+        warning = (
+            f"WARNING: --dev on {settings.server.host}: API keys are OFF and the server is reachable beyond this "
+            "machine; anyone who can connect may use every graph, model, thread and collection"
+        )
+        typer.secho(warning, fg=typer.colors.RED, bold=True, err=True)
+        log.warning(warning)
     platform = Platform.build(settings)
     registration = _register_server(settings)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found
@@ -187,6 +212,16 @@ def serve(
         for backend in started:
             typer.echo(f"stopping local backend {backend.id}")
             stop_backend(backend, settings.data_dir)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback interface (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
 
 
 def _register_server(settings: Settings) -> Path:

@@ -71,7 +71,16 @@ class ServerSettings(BaseModel):
     """Interface to bind; loopback by default."""
     port: int = Field(default=8000, ge=1, le=65535)
     dev: bool = False
-    """Local single-user mode (``serve --dev``): no API keys, one implicit tenant."""
+    """Local single-user mode (``serve --dev``): no API keys, one implicit tenant.
+    Refused on a non-loopback ``host`` unless ``allow_remote_dev``."""
+    allow_remote_dev: bool = False
+    """Let ``dev`` (no keys) listen on a non-loopback interface (``serve
+    --allow-remote-dev``): anyone who reaches the port can use every graph and model.
+    The server still warns at start."""
+    public_api_docs: bool = False
+    """With keys on: also serve ``/openapi.json``, ``/docs`` and ``/redoc`` without a
+    key. Default: ``/openapi.json`` needs a key and the ``/docs``/``/redoc`` pages
+    (which cannot send one) are not served. In ``dev`` all three are open."""
     keepalive_s: float = Field(default=15.0, gt=0)
     """Interval of SSE keepalive comments on idle streams."""
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
