@@ -6,16 +6,18 @@ Sits on ``gateway`` (an embedding backend can be a model alias); ``tools`` and
 
 from knowledge.errors import (
     CollectionNotAllowedError,
+    DocumentOwnershipError,
     DocumentParseError,
     EmbeddingError,
     InvalidCollectionNameError,
+    InvalidDocumentIdError,
     InvalidFilterError,
     KnowledgeError,
     StoreLockedError,
     UnknownCollectionError,
 )
 from knowledge.knowledge_base import KnowledgeBase, build_embedder, open_knowledge
-from knowledge.models import Chunk, Document, IngestReport, SearchHit
+from knowledge.models import Chunk, Document, IngestReport, SearchHit, check_document_id
 from knowledge.settings import KnowledgeSettings
 from knowledge.vectorstore.base import (
     CollectionInfo,
@@ -33,10 +35,12 @@ __all__ = [
     "CollectionInfo",
     "CollectionNotAllowedError",
     "Document",
+    "DocumentOwnershipError",
     "DocumentParseError",
     "EmbeddingError",
     "IngestReport",
     "InvalidCollectionNameError",
+    "InvalidDocumentIdError",
     "InvalidFilterError",
     "KnowledgeBase",
     "KnowledgeError",
@@ -50,6 +54,7 @@ __all__ = [
     "UnknownCollectionError",
     "VectorStore",
     "build_embedder",
+    "check_document_id",
     "check_metadata_filter",
     "check_text_filter",
     "open_knowledge",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING
 from knowledge.chunking import Chunker
 from knowledge.embeddings.base import Embedder
 from knowledge.embeddings.sparse import SparseEncoder
-from knowledge.errors import DocumentParseError, KnowledgeError, UnknownCollectionError
+from knowledge.errors import DocumentOwnershipError, DocumentParseError, KnowledgeError, UnknownCollectionError
 from knowledge.ingestion.pipeline import Ingestor, Progress
-from knowledge.models import Document, IngestReport, SearchHit
+from knowledge.models import Document, IngestReport, SearchHit, check_document_id
 from knowledge.settings import KnowledgeSettings
 from knowledge.vectorstore.base import CollectionInfo, SearchFilter, SearchMode, VectorStore
 from knowledge.vectorstore.qdrant import QdrantStore, valid_collection_name
@@ -28,7 +29,14 @@ log = logging.getLogger(__name__)
 
 class KnowledgeBase:
     """Collections of documents, searchable by meaning (dense), by words (sparse) or
-    both (hybrid, fused by reciprocal rank)."""
+    both (hybrid, fused by reciprocal rank).
+
+    Every document records who wrote it: a tenant, or None for the operator (the CLI
+    on the data directory; a server with no tenants). A tenant may replace or delete
+    only the documents it wrote; the operator, any. Writes to one collection run one
+    at a time in this process, so an ownership check and the write it allows are not
+    interleaved with another writer's.
+    """
 
     def __init__(self, store: VectorStore, embedder: Embedder, settings: KnowledgeSettings) -> None:
         self.store = store
@@ -41,6 +49,10 @@ class KnowledgeBase:
             overlap_tokens=settings.chunking.overlap_tokens,
         )
         self._ingestor = Ingestor(store, embedder, self.chunker, self.sparse, batch_chunks=max(64, settings.embedder.batch_size))
+        self._writing: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, collection: str) -> asyncio.Lock:
+        return self._writing.setdefault(collection, asyncio.Lock())
 
     async def ingest(
         self,
@@ -51,11 +63,19 @@ class KnowledgeBase:
         tenant: str | None = None,
         progress: Progress | None = None,
     ) -> IngestReport:
-        """Add, update or skip each document (by content hash); see `Ingestor`."""
+        """Add, update or skip each document (by content hash) as ``tenant`` (None: the
+        operator); see `Ingestor`. ``delete_missing`` removes only documents the same
+        writer stored.
+
+        Raises:
+            DocumentOwnershipError: ``items`` name documents someone else wrote (a
+                tenant may replace only its own); nothing was written.
+        """
         valid_collection_name(collection)
-        return await self._ingestor.ingest(
-            collection, items, delete_missing=delete_missing, tenant=tenant, progress=progress
-        )
+        async with self._lock(collection):
+            return await self._ingestor.ingest(
+                collection, items, delete_missing=delete_missing, tenant=tenant, progress=progress
+            )
 
     async def search(
         self,
@@ -91,8 +111,23 @@ class KnowledgeBase:
             where=where,
         )
 
-    async def delete(self, collection: str, doc_id: str) -> bool:
-        return await self.store.delete_document(collection, doc_id)
+    async def delete(self, collection: str, doc_id: str, *, tenant: str | None = None) -> bool:
+        """Remove a document and its chunks, as ``tenant`` (None: the operator); False
+        if it was not there.
+
+        Raises:
+            InvalidDocumentIdError: an id no store can hold.
+            DocumentOwnershipError: ``tenant`` did not write it; nothing was changed.
+            UnknownCollectionError: no such collection.
+        """
+        check_document_id(doc_id)
+        async with self._lock(collection):
+            stored = await self.store.document(collection, doc_id)
+            if stored is None:
+                return False
+            if tenant is not None and stored.owner != tenant:
+                raise DocumentOwnershipError(collection, tenant, [doc_id])
+            return await self.store.delete_document(collection, doc_id)
 
     async def collections(self) -> list[CollectionInfo]:
         return await self.store.collections()

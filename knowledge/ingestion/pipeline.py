@@ -2,8 +2,13 @@
 
 An unchanged document (same id, same content hash, same source) is skipped; a changed one gets new
 chunks that replace the old ones as a whole (see `VectorStore.write_document`); with
-``delete_missing``, documents of the collection that the source no longer has are
-removed. A document that fails (unreadable, empty, the embedder down) is reported
+``delete_missing``, documents of the collection that the same writer stored and the
+source no longer has are removed.
+
+Ownership: a document records the tenant that wrote it. A tenant may replace only its
+own documents; an ingestion naming a document another tenant (or the operator) wrote
+is refused as a whole before anything is written. The operator (``tenant`` None)
+may replace any document, and then owns it. A document that fails (unreadable, empty, the embedder down) is reported
 with its reason and the others go on. Chunks of several small documents are embedded
 in one batch.
 """
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 from knowledge.chunking import Chunker
 from knowledge.embeddings.base import Embedder
 from knowledge.embeddings.sparse import SparseEncoder
-from knowledge.errors import DocumentParseError, KnowledgeError
+from knowledge.errors import DocumentOwnershipError, DocumentParseError, KnowledgeError
 from knowledge.models import Chunk, Document, IngestReport
 from knowledge.vectorstore.base import VectorStore
 
@@ -60,12 +65,25 @@ class Ingestor:
         tenant: str | None = None,
         progress: Progress | None = None,
     ) -> IngestReport:
-        """Ingest ``items`` (documents, or the parse errors of sources that failed)."""
+        """Ingest ``items`` (documents, or the parse errors of sources that failed) as
+        ``tenant`` (None: the operator).
+
+        Raises:
+            DocumentOwnershipError: ``tenant`` is not None and ``items`` name documents
+                of the collection that someone else wrote; nothing was written.
+        """
         started = time.perf_counter()
         report = IngestReport(collection=collection)
         note = progress or (lambda doc_id, outcome: None)
+        items = list(items)
         await self._store.ensure_collection(collection, dimensions=self._embedder.dimensions, embedder=self._embedder.name)
         existing = await self._store.documents(collection)
+        if tenant is not None:
+            others = {
+                i.id for i in items if isinstance(i, Document) and i.id in existing and existing[i.id].owner != tenant
+            }
+            if others:
+                raise DocumentOwnershipError(collection, tenant, sorted(others))
         seen: set[str] = set()
         failed_sources: list[str] = []
         pending: list[_Pending] = []
@@ -103,6 +121,8 @@ class Ingestor:
 
         if delete_missing:
             for doc_id, stored in existing.items():
+                if stored.owner != tenant:
+                    continue  # someone else's
                 if doc_id in seen or any(same_source(stored.source, s) for s in failed_sources):
                     continue  # still there, or in a source that could not be read this time
                 await self._store.delete_document(collection, doc_id)

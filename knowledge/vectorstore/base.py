@@ -109,6 +109,9 @@ class StoredDocument:
     chunks: int
     source: str = ""
     title: str | None = None
+    owner: str | None = None
+    """The tenant that wrote the live version; None: the operator (the CLI on the data
+    directory, or a server with no tenants)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,6 +157,10 @@ class VectorStore(Protocol):
 
     async def documents(self, name: str) -> dict[str, StoredDocument]:
         """The collection's documents by id."""
+        ...
+
+    async def document(self, name: str, doc_id: str) -> StoredDocument | None:
+        """One document's entry, or None."""
         ...
 
     async def write_document(

@@ -188,16 +188,16 @@ class QdrantStore:
                 "scroll", name + _REGISTRY_SUFFIX, limit=512, offset=offset, with_payload=True, with_vectors=False
             )
             for record in records:
-                payload = record.payload or {}
-                found[payload["doc_id"]] = StoredDocument(
-                    doc_id=payload["doc_id"],
-                    version=payload["version"],
-                    chunks=int(payload.get("chunks", 0)),
-                    source=payload.get("source", ""),
-                    title=payload.get("title"),
-                )
+                stored = _stored(record.payload or {})
+                found[stored.doc_id] = stored
             if offset is None:
                 return found
+
+    async def document(self, name: str, doc_id: str) -> StoredDocument | None:
+        await self._require(name)
+        records = await self._call("retrieve", name + _REGISTRY_SUFFIX, ids=[_doc_point_id(doc_id)], with_payload=True)
+        stored = [_stored(r.payload) for r in records if r.payload and r.payload.get("doc_id") == doc_id]
+        return stored[0] if stored else None
 
     async def write_document(
         self,
@@ -372,6 +372,17 @@ class QdrantStore:
             local, self._local = self._local, None
             with self._lock:
                 local.close()
+
+
+def _stored(payload: dict[str, Any]) -> StoredDocument:
+    return StoredDocument(
+        doc_id=payload["doc_id"],
+        version=payload["version"],
+        chunks=int(payload.get("chunks", 0)),
+        source=payload.get("source", ""),
+        title=payload.get("title"),
+        owner=payload.get("tenant"),
+    )
 
 
 def _locked(lock: threading.Lock, fn: Callable[[], T]) -> Callable[[], T]:
