@@ -8,6 +8,12 @@ holds it, these commands send their work through that server's HTTP API (found i
 ``<data_dir>/run/server.json``, which the server writes when it starts; an API key is
 read from ``SWITCHYARD_API_KEY``); if no server is registered, they say which
 directory is locked.
+
+Through a server, collection names and document ids are percent-encoded as one path
+segment each (``/``, ``#``, ``?``, ``.`` included), so a request names exactly the
+document meant. ``ingest`` checks everything it can before it changes anything: the
+collection name, that the server lets it replace every document it sends, and that
+every document ``--delete-missing`` would remove has an id the server can take.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -25,11 +32,12 @@ from typing import Annotated, Any, Protocol
 import httpx
 import typer
 
-from knowledge.errors import DocumentParseError, KnowledgeError, StoreLockedError
+from knowledge.errors import DocumentParseError, InvalidDocumentIdError, KnowledgeError, StoreLockedError
 from knowledge.ingestion.loaders import discover, load_file
 from knowledge.ingestion.pipeline import same_source
 from knowledge.knowledge_base import KnowledgeBase
-from knowledge.models import Document, IngestReport
+from knowledge.models import Document, IngestReport, check_document_id
+from knowledge.vectorstore.qdrant import valid_collection_name
 
 __all__ = ["KnowledgeCliEnv", "ingest", "search"]
 
@@ -79,6 +87,7 @@ def ingest(
 ) -> None:
     """Ingest documents: new ones are added, changed ones replaced, unchanged ones skipped."""
     env: KnowledgeCliEnv = ctx.obj
+    valid_collection_name(collection)
     for path in paths:
         if not path.exists():
             raise KnowledgeError(f"{path}: no such file or directory")
@@ -151,6 +160,17 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def _segment(value: str) -> str:
+    """``value`` as one URL path segment: every reserved character percent-encoded, and
+    ``.`` too, so that no client or proxy reads ``..`` as "the parent"."""
+    return urllib.parse.quote(value, safe="").replace(".", "%2E")
+
+
+def _documents_path(collection: str, doc_id: str | None = None) -> str:
+    path = f"/v1/collections/{_segment(collection)}/documents"
+    return path if doc_id is None else f"{path}/{_segment(doc_id)}"
+
+
 def _check(response: httpx.Response, url: str) -> Any:
     if response.status_code == 401:
         raise KnowledgeError(f"the server at {url} needs an API key: set SWITCHYARD_API_KEY")
@@ -175,6 +195,34 @@ async def _ingest_through(
             report.failed += 1
             report.errors.append({"source": error.source, "reason": error.reason})
     async with httpx.AsyncClient(base_url=url, headers=_headers(), timeout=600) as client:
+        # Everything that can refuse the ingestion is checked before anything changes.
+        listed = await _stored_documents(client, url, collection)
+        theirs = sorted(d.id for d in documents if d.id in listed and not listed[d.id].get("writable", False))
+        if theirs:
+            shown = ", ".join(repr(d) for d in theirs[:10]) + (f" and {len(theirs) - 10} more" if len(theirs) > 10 else "")
+            raise KnowledgeError(
+                f"collection {collection!r} on the server at {url} holds documents that another tenant (or the "
+                f"operator) wrote, which this key may not replace: {shown}; nothing was changed"
+            )
+        doomed: list[str] = []
+        if delete_missing:
+            keep = {d.id for d in documents}
+            for doc_id, stored in listed.items():
+                source = stored.get("source") or ""
+                if not stored.get("owned", False) or doc_id in keep or any(same_source(source, s) for s in failed_sources):
+                    continue
+                doomed.append(doc_id)
+            bad = []
+            for doc_id in doomed:
+                try:
+                    check_document_id(doc_id)
+                except InvalidDocumentIdError as exc:
+                    bad.append(str(exc))
+            if bad:
+                raise KnowledgeError(
+                    f"--delete-missing would remove documents the server cannot be asked to delete by id: "
+                    f"{'; '.join(bad)}; nothing was changed"
+                )
         batch: list[dict[str, Any]] = []
         size = 0
 
@@ -182,7 +230,7 @@ async def _ingest_through(
             nonlocal batch, size
             if not batch:
                 return
-            got = _check(await client.post(f"/v1/collections/{collection}/documents", json={"documents": batch}), url)
+            got = _check(await client.post(_documents_path(collection), json={"documents": batch}), url)
             for key in ("added", "updated", "skipped", "failed", "chunks"):
                 setattr(report, key, getattr(report, key) + got[key])
             report.errors.extend(got["errors"])
@@ -196,17 +244,19 @@ async def _ingest_through(
             batch.append(record)
             size += length
         await send()
-        if delete_missing:
-            listed = _check(await client.get(f"/v1/collections/{collection}/documents"), url)
-            keep = {d.id for d in documents}
-            for stored in listed["documents"]:
-                source = stored.get("source") or ""
-                if stored["doc_id"] in keep or any(same_source(source, s) for s in failed_sources):
-                    continue
-                _check(await client.delete(f"/v1/collections/{collection}/documents/{stored['doc_id']}"), url)
-                report.deleted += 1
+        for doc_id in doomed:
+            _check(await client.delete(_documents_path(collection, doc_id)), url)
+            report.deleted += 1
     report.seconds = round(time.perf_counter() - started, 3)
     return report
+
+
+async def _stored_documents(client: httpx.AsyncClient, url: str, collection: str) -> dict[str, dict[str, Any]]:
+    """The collection's documents on the server by id (none if it does not exist yet)."""
+    response = await client.get(_documents_path(collection))
+    if response.status_code == 404:
+        return {}
+    return {d["doc_id"]: d for d in _check(response, url)["documents"]}
 
 
 def search(
@@ -219,6 +269,7 @@ def search(
 ) -> None:
     """Search a collection; prints the best chunks (``--json``: ``{"results": [...]}``)."""
     env: KnowledgeCliEnv = ctx.obj
+    valid_collection_name(collection)
     if mode not in ("hybrid", "dense", "sparse"):
         raise KnowledgeError(f"--mode must be hybrid, dense or sparse, not {mode!r}")
     if not query.strip():
@@ -229,7 +280,7 @@ def search(
             if isinstance(target, str):
                 async with httpx.AsyncClient(base_url=target, headers=_headers(), timeout=60) as client:
                     body = {"query": query, "k": k, "mode": mode}
-                    answer = await client.post(f"/v1/collections/{collection}/search", json=body)
+                    answer = await client.post(f"/v1/collections/{_segment(collection)}/search", json=body)
                     return list(_check(answer, target)["results"])
             hits = await target.search(collection, query, k=k, mode=mode)  # type: ignore[arg-type]
             return [hit.json() for hit in hits]

@@ -6,7 +6,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from knowledge import IngestReport, InvalidFilterError, check_metadata_filter, check_text_filter
+from knowledge import (
+    IngestReport,
+    InvalidDocumentIdError,
+    InvalidFilterError,
+    check_document_id,
+    check_metadata_filter,
+    check_text_filter,
+)
 
 __all__ = [
     "CollectionList",
@@ -20,7 +27,17 @@ __all__ = [
     "SearchResult",
     "UploadRequest",
     "UploadResponse",
+    "document_id",
 ]
+
+
+def document_id(value: str) -> str:
+    """``value`` if it can be a document id (`check_document_id`); for pydantic
+    validators, so that a bad one is a 422 naming the field."""
+    try:
+        return check_document_id(value)
+    except InvalidDocumentIdError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class CollectionOut(BaseModel):
@@ -42,7 +59,9 @@ class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(min_length=1, max_length=512)
-    """Stable across uploads: a changed document with the same id replaces the old one."""
+    """Stable across uploads: a changed document with the same id replaces the old one
+    (only its writer may). Any text without control characters; ``/``, ``#``, ``?``
+    and ``..`` are part of the id."""
     text: str = Field(min_length=1)
     title: str | None = None
     source: str = ""
@@ -50,6 +69,11 @@ class DocumentIn(BaseModel):
     """Free-form; ``tags`` (a list of strings) can filter searches."""
     format: Literal["text", "markdown"] = "text"
     """``markdown``: chunks follow its headings."""
+
+    @field_validator("id")
+    @classmethod
+    def _storable_id(cls, value: str) -> str:
+        return document_id(value)
 
 
 class UploadRequest(BaseModel):
@@ -69,6 +93,12 @@ class DocumentOut(BaseModel):
     chunks: int
     source: str
     title: str | None
+    owned: bool
+    """Written by the caller (a server with no tenants: by the operator); what
+    ``switchyard ingest --delete-missing`` removes when its source lost it."""
+    writable: bool
+    """The caller may replace or delete it: a tenant, only the documents it wrote; the
+    operator, any."""
 
 
 class DocumentList(BaseModel):
