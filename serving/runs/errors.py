@@ -32,6 +32,11 @@ _KNOWN = (GatewayError, GraphError, KnowledgeError, RequestError, ServingError, 
 maps them)."""
 
 
+_BY_STATUS = {400: "InvalidRequest", 403: "PermissionDenied", 404: "NotFound", 409: "Conflict", 429: "RateLimited",
+              503: "Unavailable", 504: "DeadlineExceeded"}
+"""`ServingError` statuses as types (a refusal raised inside a run)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClientError:
     """An error as a client sees it."""
@@ -68,6 +73,9 @@ def client_error(exc: BaseException, *, run_id: str | None = None, log_unexpecte
         return ClientError(type="DeadlineExceeded", message=str(exc))
     if isinstance(exc, RunCancelledError):
         return ClientError(type="RunCancelled", message=str(exc))
+    if isinstance(exc, ServingError):
+        kind = _BY_STATUS.get(exc.status) or ("ServerError" if exc.status >= 500 else "InvalidRequest")
+        return ClientError(type=kind, message=str(exc))
     if isinstance(exc, _KNOWN):
         error = to_api_error(exc)
         if error.code != "internal_error":
