@@ -14,7 +14,9 @@ size). ASGI middleware runs only once the head is parsed, too late for either.
 
 - **Header size**: the request line and headers of a request may take at most
   ``max_header_bytes``; bytes are counted before they reach the parser, which is fed
-  no more than the limit, so nothing past it is buffered. Past it: ``431``.
+  no more than the limit, so nothing past it is buffered. Past it: ``431``. (The
+  head of a request pipelined behind another is counted from the read after the one
+  in which it began: at most one socket read more.)
 - **Header count**: at most ``max_headers`` header fields: ``431``.
 - **Header time**: the head must be complete ``header_timeout_s`` after the connection
   opened (first request) or after the request's first byte (later requests on a
