@@ -18,6 +18,15 @@ def test_shipped_config_loads() -> None:
     assert settings.graphs["chat"].model == "chat-default"
 
 
+def test_connection_limits_and_key_reloads_have_safe_defaults() -> None:
+    settings = load_settings(REPO / "config/switchyard.yaml")
+    server = settings.server
+    assert (server.max_header_bytes, server.max_headers) == (65_536, 100)
+    assert (server.header_timeout_s, server.body_timeout_s) == (10.0, 30.0)
+    assert not server.public_api_docs and not server.allow_remote_dev
+    assert settings.auth.keys_reload_s == 1.0
+
+
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "switchyard.yaml"
     config.write_text("server: {port: 9100}\ngateway: {models_file: a.yaml}\n")
@@ -47,6 +56,9 @@ def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ("graphs: {chat: {path: no_colon}}\n", r"graphs\.chat\.path: Value error, must be 'module:attribute'"),
         ("[1, 2]\n", r"top level must be a mapping"),
         ("server: {port: [\n", r"not valid YAML"),
+        ("server: {max_headers: 1}\n", r"server\.max_headers: Input should be greater than or equal to 16"),
+        ("server: {header_timeout_s: 0}\n", r"server\.header_timeout_s: Input should be greater than 0"),
+        ("auth: {keys_reload_s: 0}\n", r"auth\.keys_reload_s: Input should be greater than 0"),
     ],
 )
 def test_invalid_config_names_the_key(tmp_path: Path, text: str, message: str) -> None:
