@@ -245,7 +245,10 @@ async def _ingest_through(
             size += length
         await send()
         for doc_id in doomed:
-            _check(await client.delete(_documents_path(collection, doc_id)), url)
+            response = await client.delete(_documents_path(collection, doc_id))
+            if response.status_code == 404:
+                continue  # deleted by someone else since it was listed
+            _check(response, url)
             report.deleted += 1
     report.seconds = round(time.perf_counter() - started, 3)
     return report

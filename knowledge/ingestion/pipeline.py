@@ -1,16 +1,16 @@
 """Ingestion: documents to chunks, vectors and the store, idempotent by content hash.
 
-An unchanged document (same id, same content hash, same source) is skipped; a changed one gets new
-chunks that replace the old ones as a whole (see `VectorStore.write_document`); with
-``delete_missing``, documents of the collection that the same writer stored and the
-source no longer has are removed.
+An unchanged document (same id, same content hash, same source) is skipped; a changed
+one gets new chunks that replace the old ones as a whole (see
+`VectorStore.write_document`); with ``delete_missing``, documents of the collection
+that the same writer stored and the source no longer has are removed. A document that
+fails (unreadable, empty, the embedder down) is reported with its reason and the
+others go on. Chunks of several small documents are embedded in one batch.
 
 Ownership: a document records the tenant that wrote it. A tenant may replace only its
 own documents; an ingestion naming a document another tenant (or the operator) wrote
-is refused as a whole before anything is written. The operator (``tenant`` None)
-may replace any document, and then owns it. A document that fails (unreadable, empty, the embedder down) is reported
-with its reason and the others go on. Chunks of several small documents are embedded
-in one batch.
+is refused as a whole before anything is written. The operator (``tenant`` None) may
+replace any document, and then owns it.
 """
 
 from __future__ import annotations
