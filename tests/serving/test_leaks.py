@@ -126,3 +126,11 @@ def test_dev_mode_refuses_a_non_loopback_host(tmp_path: Path, fake_backend_url: 
     assert "--allow-remote-dev" in refused.stderr and "loopback" in refused.stderr
     from_env = _serve(tmp_path, fake_backend_url, "--host", host, env={"SWITCHYARD_SERVER__DEV": "true"})
     assert from_env.returncode == 1 and "--allow-remote-dev" in from_env.stderr
+
+
+def test_dev_mode_on_a_remote_host_warns_when_allowed(tmp_path: Path, fake_backend_url: str) -> None:
+    # 192.0.2.10 (TEST-NET-1) is on no interface here: the warning comes before the
+    # bind, which then fails, so nothing listens beyond loopback.
+    allowed = _serve(tmp_path, fake_backend_url, "--dev", "--host", "192.0.2.10", "--allow-remote-dev")
+    assert "WARNING: --dev on 192.0.2.10: API keys are OFF" in allowed.stderr, allowed.stderr
+    assert "--allow-remote-dev" not in allowed.stderr  # not refused
