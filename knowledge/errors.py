@@ -85,8 +85,8 @@ class DocumentOwnershipError(KnowledgeError):
         self.doc_ids = doc_ids
         shown = ", ".join(repr(d) for d in doc_ids[:10]) + (f" and {len(doc_ids) - 10} more" if len(doc_ids) > 10 else "")
         super().__init__(
-            f"tenant {tenant!r} may not replace or delete documents another tenant wrote in collection "
-            f"{collection!r}: {shown}; nothing was changed"
+            f"tenant {tenant!r} may not replace or delete documents written by another tenant (or the operator) "
+            f"in collection {collection!r}: {shown}; nothing was changed"
         )
 
 
