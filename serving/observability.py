@@ -163,13 +163,22 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """The text format, one line per message: control characters in the message are
-    escaped (`escape_controls`), so a value from a request cannot start a line of its
-    own. A traceback, our own text, keeps its lines."""
+    """The text format: a record's first line starts with its time, and nothing a
+    client sent can start a line of its own. Control characters in the message are
+    escaped (`escape_controls`); a traceback or stack keeps its line breaks, but each
+    of its lines is escaped too and indented by two spaces (an exception's message
+    may quote a request value)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
         record.message = escape_controls(record.message)
         return super().formatMessage(record)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if "\n" not in text and not _CONTROLS.search(text):
+            return text
+        first, *rest = text.split("\n")
+        return "\n".join([escape_controls(first), *("  " + escape_controls(line) for line in rest)])
 
 
 def configure_logging(level: str, log_file: str | None = None, *, fmt: str = "text") -> None:
