@@ -1,5 +1,6 @@
 """Structured logs: with ``log_format: json`` every line is a JSON object carrying the
-request id, and lines logged inside a run carry its run id."""
+request id, and lines logged inside a run carry its run id; neither format lets a
+logged value start a line of its own (issue 11, 9a)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ import pytest
 from serving.observability import JsonFormatter, TextFormatter
 from tests.conftest import start_server, stop_server, write_models_file
 
-pytestmark = [pytest.mark.e2e]
-
-
+@pytest.mark.e2e
 def test_json_logs_carry_request_and_run_ids(tmp_path: Path, fake_backend_url: str) -> None:
     models = write_models_file(tmp_path / "models.yaml", None, fake_backend_url, chat_default="fake-ok")
     server = start_server(
