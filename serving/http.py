@@ -138,7 +138,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().send_400_response(msg)
 
     def handle_websocket_upgrade(self) -> None:
-        self._cancel_timers()  # the connection is no longer ours to time
+        # The connection is no longer ours to time: the WebSocket protocol has it.
+        self._body_pending = False
+        self._cancel_timers()
         super().handle_websocket_upgrade()
 
     # Parser callbacks
