@@ -279,7 +279,11 @@ class Authenticator:
         if not force and now - self._checked_at < self._interval_s:
             return
         self._checked_at = now
-        stamp = _stamp(self._keys_file)
+        try:
+            stamp = _stamp(self._keys_file)
+        except OSError as exc:  # unreadable directory: keep the keys, say so
+            log.error("keys file %s cannot be checked, the last good keys stay in force: %s", self._keys_file, exc)
+            return
         if stamp == self._stamp:
             return
         self._stamp = stamp
