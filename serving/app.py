@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving.errors import install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
-from serving.audit import AuditLog
+from serving.audit import AuditLog, load_key
 from serving.auth import Authenticator
 from serving.guardrails import Guardrails
 from serving.limits import BodySizeLimit, RateLimiter, RunSlots
@@ -88,7 +88,13 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         app.state.platform = built
         app.state.metrics = metrics
         app.state.rate_limiter = RateLimiter()
-        audit = app.state.audit = AuditLog(settings.audit_path)
+        key = load_key(settings.audit.key_file, data_dir=settings.data_dir) if settings.audit.key_file else None
+        audit = app.state.audit = AuditLog(
+            settings.audit_path,
+            key=key,
+            anchor_every=settings.audit.anchor_every,
+            on_head=lambda seq, _hash: metrics.audit_head.set(seq),
+        )
         slots = RunSlots(server_max=settings.server.max_concurrent_runs)
         guardrails = Guardrails(settings.guardrails)
         checks = RunChecks(built.gateway, built.graphs, guardrails)

@@ -30,7 +30,7 @@ from knowledge import KnowledgeBase, KnowledgeError, open_knowledge
 from knowledge.cli import ingest, search
 from tools import ToolError
 from serving.app import create_app
-from serving.audit import verify
+from serving.audit import load_key, parse_anchor, verify
 from serving.auth import create_key, load_keys, revoke_key
 from serving.errors import ServingError
 from serving.http import ConnectionLimits, limited_protocol
@@ -288,14 +288,32 @@ audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True
 
 
 @audit_app.command("verify")
-def verify_audit(file: Annotated[Path, typer.Argument(help="An audit log (JSON Lines).")]) -> None:
+def verify_audit(
+    file: Annotated[Path, typer.Argument(help="An audit log (JSON Lines).")],
+    key_file: Annotated[
+        Path | None, typer.Option(help="The log's HMAC key (audit.key_file): every record must carry a MAC under it.")
+    ] = None,
+    anchor: Annotated[
+        list[str] | None,
+        typer.Option(help="SEQ:HASH of a head the server logged ('audit head'); repeatable. Catches a rewritten log."),
+    ] = None,
+) -> None:
     """Check the chain; name the first missing, altered or misplaced record (exit 1)."""
     if not file.is_file():
         typer.secho(f"error: {file} not found", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
-    report = verify(file)
+    try:
+        key = load_key(key_file) if key_file is not None else None
+        anchors = [parse_anchor(text) for text in anchor or []]
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    report = verify(file, key=key, anchors=anchors)
+    for note in report.notes:
+        typer.echo(f"note: {note}")
     if report.ok:
-        typer.echo(f"ok: {report.records} records, chain intact")
+        signed = ", every record's MAC checked" if key is not None else ""
+        typer.echo(f"ok: {report.records} records, chain intact{signed}")
         return
     typer.secho(f"TAMPERED: {report.problem} ({report.records} records verified before it)", fg=typer.colors.RED)
     raise typer.Exit(1)

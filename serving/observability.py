@@ -264,3 +264,8 @@ class ServingMetrics:
             "switchyard_backend_errors", "Failed calls to model backends, by backend and error.",
             ["backend", "error"], registry=self.registry,
         )
+        self.audit_head = Gauge(
+            "switchyard_audit_head_seq",
+            "Sequence number of the audit log's last record (its hash is in the server log).",
+            registry=self.registry,
+        )

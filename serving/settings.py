@@ -23,6 +23,7 @@ from gateway import GatewaySettings
 from graphs import GraphSpec
 from knowledge import KnowledgeSettings
 from tools import ToolsSettings
+from serving.audit import AuditSettings
 from serving.auth import AuthSettings
 from serving.guardrails import GuardrailSettings
 from serving.persistence import ThreadSettings
@@ -166,9 +167,11 @@ class Settings(BaseSettings):
     """Built-in tools' settings (``http_get``'s allow-list), approvals, per-run budgets."""
     tracing: TracingSettings = TracingSettings()
     """OpenTelemetry spans per request, run, node, model and tool call (off by default)."""
-    """The input filter's global list of sensitive terms."""
     audit_file: Path | None = None
     """The hash-chained audit log (JSON Lines); default ``<data_dir>/audit/audit.jsonl``."""
+    audit: AuditSettings = AuditSettings()
+    """The audit log's HMAC key (kept outside the data directory) and how often its
+    head is logged."""
 
     @property
     def audit_path(self) -> Path:

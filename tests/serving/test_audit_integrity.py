@@ -152,3 +152,59 @@ def test_the_head_is_logged_and_reported(tmp_path: Path, caplog: pytest.LogCaptu
     assert verify(tmp_path / "audit.jsonl", anchors=[parse_anchor(f"4:{digest}")]).ok
     with pytest.raises(ValueError, match="not SEQ:HASH"):
         parse_anchor("4:nothex")
+
+
+# --- the server and the CLI ------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_a_keyed_server_log_verifies_only_with_its_key_and_anchor(tmp_path: Path, fake_backend_url: str) -> None:
+    """End to end: a server given ``audit.key_file`` writes MACs, logs its head and
+    reports it in the metrics; ``switchyard audit verify`` needs the key, and an anchor
+    from the server log catches records cut from the end. A torn tail left by a crash
+    does not stop the next start."""
+    import re  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    import httpx  # noqa: PLC0415
+
+    from tests.conftest import REPO, SWITCHYARD, start_server, stop_server, write_models_file  # noqa: PLC0415
+
+    key_file = tmp_path / "secrets" / "audit.key"
+    key_file.parent.mkdir()
+    key_file.write_bytes(KEY)
+    models = write_models_file(tmp_path / "models.yaml", None, fake_backend_url, chat_default="fake-ok")
+    config = {"gateway": {"models_file": str(models)}, "audit": {"key_file": str(key_file), "anchor_every": 2}}
+    server = start_server(tmp_path, config)
+    try:
+        for _ in range(4):
+            assert httpx.get(server.url + "/v1/models").status_code == 200
+        metrics = httpx.get(server.url + "/metrics").text
+        assert re.search(r"^switchyard_audit_head_seq [1-9]", metrics, re.M)
+    finally:
+        stop_server(server)
+    log = server.data_dir / "audit" / "audit.jsonl"
+    heads = re.findall(r"audit head \(close\): (\d+:[0-9a-f]{64})", server.log_file.read_text())
+    assert heads, "the head is logged at stop"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(SWITCHYARD), "audit", "verify", str(log), *args], capture_output=True, text=True, cwd=REPO)
+
+    ok = run("--key-file", str(key_file), "--anchor", heads[-1])
+    assert ok.returncode == 0 and "every record's MAC checked" in ok.stdout, ok.stdout + ok.stderr
+    unkeyed = run()
+    assert unkeyed.returncode == 1 and "verify it with its key" in unkeyed.stdout
+    bad = run("--anchor", "7:xyz")
+    assert bad.returncode == 2 and "not SEQ:HASH" in bad.stderr
+
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:-1]) + "\n")  # the last record cut off
+    cut = run("--key-file", str(key_file), "--anchor", heads[-1])
+    assert cut.returncode == 1 and "of an anchor is missing" in cut.stdout
+
+    with log.open("a") as file:
+        file.write('{"seq": 99, "ty')  # a crash mid-write
+    server = start_server(tmp_path, config)
+    stop_server(server)
+    assert [json.loads(line)["type"] for line in log.read_text().splitlines()][len(lines) - 1] == "audit_recovered"
+    assert run("--key-file", str(key_file)).returncode == 0
