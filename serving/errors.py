@@ -22,7 +22,15 @@ from starlette.routing import Match
 
 from gateway import BackendResponseError, BackendUnavailableError, CapabilityError, GatewayError, UnknownModelError
 from graphs import GraphError, UnknownGraphError
-from knowledge import CollectionNotAllowedError, EmbeddingError, InvalidCollectionNameError, KnowledgeError, UnknownCollectionError
+from knowledge import (
+    CollectionNotAllowedError,
+    DocumentOwnershipError,
+    EmbeddingError,
+    InvalidCollectionNameError,
+    InvalidDocumentIdError,
+    KnowledgeError,
+    UnknownCollectionError,
+)
 from serving._tasks import RunDeadlineError
 from serving.observability import REQUEST_ID_HEADER, current_request_id
 from serving.threads import ThreadStoreError
@@ -99,6 +107,10 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(status=404, message=str(exc), type="invalid_request_error", param="collection", code="collection_not_found")
     if isinstance(exc, InvalidCollectionNameError):
         return ApiError(status=400, message=str(exc), type="invalid_request_error", param="collection", code="invalid_value")
+    if isinstance(exc, DocumentOwnershipError):
+        return ApiError(status=403, message=str(exc), type="permission_error", param="doc_id", code="document_not_owned")
+    if isinstance(exc, InvalidDocumentIdError):
+        return ApiError(status=422, message=str(exc), type="invalid_request_error", param="doc_id", code="invalid_value")
     if isinstance(exc, EmbeddingError):
         return ApiError(status=503, message=str(exc), type="backend_unavailable", code="embedder_unavailable")
     if isinstance(exc, KnowledgeError):

@@ -82,6 +82,7 @@ def test_a_tenant_may_not_replace_or_delete_another_tenants_document(
     assert overwrite.status_code == 403, overwrite.text
     error = overwrite.json()["error"]
     assert "'plan.md'" in error["message"] and "nothing was changed" in error["message"]
+    assert (error["type"], error["code"], error["param"]) == ("permission_error", "document_not_owned", "doc_id")
     deleted = globex.delete("plan.md")
     assert deleted.status_code == 403 and "'plan.md'" in deleted.json()["error"]["message"]
 
