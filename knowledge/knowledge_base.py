@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,10 +50,21 @@ class KnowledgeBase:
             overlap_tokens=settings.chunking.overlap_tokens,
         )
         self._ingestor = Ingestor(store, embedder, self.chunker, self.sparse, batch_chunks=max(64, settings.embedder.batch_size))
-        self._writing: dict[str, asyncio.Lock] = {}
+        self._writing: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
-    def _lock(self, collection: str) -> asyncio.Lock:
-        return self._writing.setdefault(collection, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, collection: str) -> AsyncIterator[None]:
+        """One writer per collection at a time; the lock is dropped once nobody holds or
+        waits for it (collection names come from clients: no entry may outlive them)."""
+        lock, users = self._writing.setdefault(collection, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._writing[collection]
 
     async def ingest(
         self,
@@ -121,6 +133,7 @@ class KnowledgeBase:
             UnknownCollectionError: no such collection.
         """
         check_document_id(doc_id)
+        valid_collection_name(collection)
         async with self._lock(collection):
             stored = await self.store.document(collection, doc_id)
             if stored is None:

@@ -43,3 +43,18 @@ async def test_the_operator_may_replace_anything_and_delete_missing_keeps_others
     with pytest.raises(DocumentOwnershipError):
         await knowledge.delete("shared", "acme-doc", tenant="acme")
     assert await knowledge.delete("shared", "acme-doc") is True
+
+
+async def test_write_locks_do_not_outlive_their_writers(knowledge: KnowledgeBase) -> None:
+    """Collection names come from clients: deletes on made-up collections (each a 404)
+    must leave no lock behind, and a name no store can hold is refused first."""
+    from knowledge import InvalidCollectionNameError, UnknownCollectionError  # noqa: PLC0415
+
+    for index in range(50):
+        with pytest.raises(UnknownCollectionError):
+            await knowledge.delete(f"made-up-{index}", "x", tenant="acme")
+    with pytest.raises(InvalidCollectionNameError):
+        await knowledge.delete("x" * 60_000, "x", tenant="acme")
+    await knowledge.ingest("kept", [Document(id="a.md", text="Alpha.", source="a.md")], tenant="acme")
+    assert await knowledge.delete("kept", "a.md", tenant="acme")
+    assert knowledge._writing == {}  # noqa: SLF001 - the leak this test is about
