@@ -10,8 +10,9 @@ tenant's lists, carried in `RunContext.output_policy`) has:
 
 Applied to every text that leaves the server, not only the model's answer: citations,
 tool results, tool-call arguments, interrupts and any state value (`checked_value`
-walks a value: messages, dicts, lists, interrupts). Redaction is idempotent (text
-already marked ``[redacted]`` is not redacted again), so a text checked when it was
+walks a value: messages, dicts, lists, interrupts). Redaction is idempotent (a match
+lying within a ``[redacted]`` marker is kept as it is; one that runs past a marker is
+redacted, so output cannot shield text by writing the marker), so a text checked when it was
 written and again where it leaves reads the same on every path.
 
 It is enforced in two places, so that no unchecked text is visible anywhere:
@@ -78,6 +79,20 @@ def _words(terms: tuple[str, ...]) -> str:
     return r"\b(?:" + "|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True)) + r")\b"
 
 
+def _marker_spans(text: str) -> list[tuple[int, int]]:
+    """Where ``[redacted]`` markers are in ``text``."""
+    spans, start = [], text.find(REDACTED)
+    while start != -1:
+        spans.append((start, start + len(REDACTED)))
+        start = text.find(REDACTED, start + len(REDACTED))
+    return spans
+
+
+def _within(match: re.Match[str], markers: list[tuple[int, int]]) -> bool:
+    """The match lies inside one marker (it would only rewrite the marker)."""
+    return any(start <= match.start() and match.end() <= end for start, end in markers)
+
+
 @dataclass(frozen=True)
 class OutputPolicy:
     """What to redact and what to block in answers. Empty: nothing is checked."""
@@ -126,18 +141,23 @@ class OutputPolicy:
             return OutputVerdict(text=str(OutputBlockedError(term)), redactions=0, blocked=term)
         if self._redact is None:
             return OutputVerdict(text=text, redactions=0, blocked=None)
-        if REDACTED not in text:
-            redacted, count = self._redact.subn(REDACTED, text)
-            return OutputVerdict(text=redacted, redactions=count, blocked=None)
-        # Checked before (a `checked` node's answer, read back from the state): the
-        # markers are kept as they are, so that checking twice reads as checking once
-        # even under a pattern that would match the marker itself.
-        parts, count = [], 0
-        for part in text.split(REDACTED):
-            redacted, found = self._redact.subn(REDACTED, part)
-            parts.append(redacted)
-            count += found
-        return OutputVerdict(text=REDACTED.join(parts), redactions=count, blocked=None)
+        # The pattern always runs over the whole text, so that a match may span a
+        # marker (``password: [redacted]hunter2``: model output can write the marker
+        # too). A match lying within a marker is kept as it is, so that checking
+        # twice reads as checking once even under a pattern that matches the marker
+        # or a part of it.
+        markers = _marker_spans(text)
+        count = 0
+
+        def replace(match: re.Match[str]) -> str:
+            nonlocal count
+            if _within(match, markers):
+                return match.group(0)
+            count += 1
+            return REDACTED
+
+        redacted = self._redact.sub(replace, text)
+        return OutputVerdict(text=redacted, redactions=count, blocked=None)
 
     def redact_spans(self, text: str, end: int) -> tuple[str, int, int]:
         """``text[:end]`` redacted, using matches found in the whole ``text`` (so word
@@ -148,12 +168,15 @@ class OutputPolicy:
         count = 0
         out: list[str] = []
         position = 0
+        markers = _marker_spans(text)
         for match in self._redact.finditer(text):
             if match.start() >= end:
                 break
             if match.end() > end:  # crosses the cut: release up to its start only
                 end = match.start()
                 break
+            if _within(match, markers):  # kept as it is (see `check`)
+                continue
             out += [text[position : match.start()], REDACTED]
             position = match.end()
             count += 1

@@ -121,3 +121,29 @@ def test_checked_value_walks_messages_and_state_without_changing_them() -> None:
         checked_value({"sources": [{"text": "the Launch Code is 0000"}]}, policy, block="raise")
     replaced, _ = checked_value({"sources": [{"text": "the Launch Code is 0000"}]}, policy, block="replace")
     assert "0000" not in replaced["sources"][0]["text"] and "withheld" in replaced["sources"][0]["text"]
+
+
+# ---- the marker in model output (review finding: idempotent redaction bypass) -----------
+
+PASSWORD = OutputPolicy(redact_patterns=(r"password\s*[:=]\s*\S+",))
+
+
+def test_a_marker_written_by_the_model_does_not_shield_what_follows_it() -> None:
+    """Model output may contain ``[redacted]`` itself: a pattern still matches across it."""
+    verdict = PASSWORD.check("the password: [redacted]hunter2 is old")
+    assert "hunter2" not in verdict.text
+    assert verdict.text == f"the {REDACTED} is old" and verdict.redactions == 1
+    streamed = "".join(_stream(PASSWORD, list("the password: [redacted]hunter2 is old")))
+    assert streamed == verdict.text
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [PASSWORD, OutputPolicy(redact_patterns=(r"\[\w+\]",)), OutputPolicy(redact=("redacted", "secret"))],
+)
+def test_redaction_is_idempotent(policy: OutputPolicy) -> None:
+    text = "a secret, password=abc and [tag] here; password: [redacted]x"
+    once = policy.check(text)
+    twice = policy.check(once.text)
+    assert twice.text == once.text and twice.redactions == 0
+    assert policy.check(f"only {REDACTED} here").text == f"only {REDACTED} here"
