@@ -24,9 +24,13 @@ and the chain goes on with an ``audit_recovered`` record that names the side fil
 the torn bytes' size and SHA-256; `verify` reports a torn last line of a log that was
 not reopened since, instead of calling it tampering.
 
+One file is written under one key: when the key is turned on, off or changed, the log
+is moved aside (``audit.jsonl.<time>``) and the new file's first record,
+``audit_rotated``, names it and its head, so each file verifies as a whole.
+
 Records: ``request`` (every API request: method, route, status, tenant, key id,
 request id), ``run`` (every finished run: kind, target, outcome, tokens), tool
-decisions (``tool_call``) and ``audit_recovered``.
+decisions (``tool_call``), ``audit_recovered`` and ``audit_rotated``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "AuditLog",
     "AuditSettings",
     "VerifyReport",
+    "key_id",
     "load_key",
     "parse_anchor",
     "tool_call_sink",
@@ -69,7 +74,10 @@ class AuditSettings(BaseModel):
     key_file: Path | None = None
     """A file holding at least 32 bytes of secret key material, outside the data
     directory (``SWITCHYARD_AUDIT__KEY_FILE``): records are then chained with
-    HMAC-SHA256 under it. Create one with ``head -c 32 /dev/urandom > FILE``."""
+    HMAC-SHA256 under it. Create one with ``openssl rand -hex 32 > FILE`` (text is
+    stripped of surrounding whitespace; binary material is used as is). Turning the key
+    on, off or changing it starts a new log file whose first record names the old one
+    and its head."""
     anchor_every: int = Field(default=1000, ge=1)
     """Log the chain's head (sequence number and hash) every this many records."""
 
@@ -84,12 +92,21 @@ def load_key(path: Path, *, data_dir: Path | None = None) -> bytes:
     if data_dir is not None and path.resolve().is_relative_to(data_dir.resolve()):
         raise ValueError(f"audit key file {path} is inside the data directory {data_dir}: keep it elsewhere")
     try:
-        key = path.read_bytes().strip()
+        raw = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"audit key file {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        key = raw.decode("ascii").strip().encode()  # text (hex, base64): a newline is not key
+    except UnicodeDecodeError:
+        key = raw  # binary key material: every byte counts, whitespace included
     if len(key) < _MIN_KEY_BYTES:
         raise ValueError(f"audit key file {path} holds {len(key)} bytes; at least {_MIN_KEY_BYTES} are needed")
     return key
+
+
+def key_id(key: bytes) -> str:
+    """A short public fingerprint of a key (records carry it; it does not reveal the key)."""
+    return hashlib.sha256(b"switchyard audit key id\0" + key).hexdigest()[:16]
 
 
 def _digest(prev: str, body: dict[str, Any], key: bytes | None) -> str:
@@ -124,12 +141,25 @@ class AuditLog:
         self._anchor_every = anchor_every
         self._on_head = on_head
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._key_id = key_id(key) if key is not None else None
         self._seq, self._prev = 0, GENESIS
         torn = _cut_torn_tail(path)
+        rotated: dict[str, Any] | None = None
         if path.is_file() and path.stat().st_size:
             record = json.loads(_last_line(path))
-            self._seq, self._prev = int(record["seq"]), str(record["hash"])
+            if record.get("key_id") != self._key_id:
+                # The key was turned on, off or changed: one file, one key, so that each
+                # file verifies as a whole. The new file starts by naming the old head.
+                rotated = _rotate(path, record, self._key_id)
+            else:
+                self._seq, self._prev = int(record["seq"]), str(record["hash"])
         self._file = path.open("a", encoding="utf-8")
+        if rotated is not None:
+            self.append("audit_rotated", **rotated)
+            log.warning(
+                "audit log %s: the key changed (%s -> %s); the old log is %s, ending at %s",
+                path, rotated["previous_key_id"], self._key_id, rotated["previous_file"], rotated["previous_head"],
+            )
         if torn is not None:
             self.append("audit_recovered", **torn)
             log.warning(
@@ -149,7 +179,7 @@ class AuditLog:
         self._seq += 1
         body = {"seq": self._seq, "ts": datetime.now(UTC).isoformat(), "type": record_type, **fields}
         if self._key is not None:
-            body["mac"] = _MAC
+            body["mac"], body["key_id"] = _MAC, self._key_id
         body["prev"] = self._prev
         body["hash"] = self._prev = _digest(self._prev, body, self._key)
         self._file.write(json.dumps(body, ensure_ascii=False) + "\n")
@@ -170,6 +200,19 @@ class AuditLog:
         log.info("audit head (%s): %s:%s in %s", when, seq, head, self.path)
         if self._on_head is not None:
             self._on_head(seq, head)
+
+
+def _rotate(path: Path, last: dict[str, Any], new_key_id: str | None) -> dict[str, Any]:
+    """Move a log written under another key aside; what the new log's first record says."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    moved = path.with_name(f"{path.name}.{stamp}")
+    path.rename(moved)
+    return {
+        "previous_file": moved.name,
+        "previous_head": f"{last.get('seq')}:{last.get('hash')}",
+        "previous_key_id": last.get("key_id"),
+        "key_id_now": new_key_id,
+    }
 
 
 def _cut_torn_tail(path: Path) -> dict[str, Any] | None:
@@ -292,6 +335,8 @@ def verify(path: Path, *, key: bytes | None = None, anchors: Iterable[tuple[int,
         body = {k: v for k, v in record.items() if k != "hash"}
         if key is not None and record.get("mac") != _MAC:
             return problem(f"line {number}: record {seq} has no MAC under the key")
+        if key is not None and record.get("key_id") != key_id(key):
+            return problem(f"line {number}: record {seq} was made with another key (key id {record.get('key_id')})")
         if key is None and "mac" in record:
             return problem(f"line {number}: record {seq} carries a MAC: verify it with its key (--key-file)")
         if not hmac.compare_digest(_digest(prev, body, key), claimed):

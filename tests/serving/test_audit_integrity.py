@@ -114,13 +114,41 @@ def test_with_a_key_a_rechained_log_fails(tmp_path: Path) -> None:
     assert not report.ok and "record 1 has no MAC" in (report.problem or "")
 
 
-def test_a_keyed_log_continues_an_unkeyed_one(tmp_path: Path) -> None:
-    """Turning the key on later keeps the older records verifiable as far as they go."""
+def test_turning_the_key_on_or_changing_it_starts_a_new_file(tmp_path: Path) -> None:
+    """One file, one key: each file verifies as a whole, and the new one names the old
+    one's head (before, a log keyed half-way never verified again, with or without the key)."""
     path = tmp_path / "audit.jsonl"
-    _write(path, 2).close()
+    old = _write(path, 2)
+    old_head = old.head
+    old.close()
     _write(path, 2, key=KEY).close()
+    [moved] = [p for p in tmp_path.glob("audit.jsonl.*") if "torn" not in p.name]
+    assert verify(moved).ok and verify(moved).records == 2
     report = verify(path, key=KEY)
-    assert not report.ok and "line 1: record 1 has no MAC" in (report.problem or "")
+    assert report.ok and report.records == 3
+    first = json.loads(path.read_text().splitlines()[0])
+    assert first["type"] == "audit_rotated" and first["previous_file"] == moved.name
+    assert first["previous_head"] == f"{old_head[0]}:{old_head[1]}"
+    assert verify(moved, anchors=[parse_anchor(first["previous_head"])]).ok
+
+    other = b"o" * 32
+    _write(path, 1, key=other).close()  # the key changed
+    assert verify(path, key=other).ok
+    assert len([p for p in tmp_path.glob("audit.jsonl.*") if "torn" not in p.name]) == 2
+    rotated = sorted(p for p in tmp_path.glob("audit.jsonl.*") if "torn" not in p.name)[-1]
+    assert verify(rotated, key=KEY).ok
+    report = verify(rotated, key=other)
+    assert not report.ok and "made with another key" in (report.problem or "")
+
+
+def test_binary_key_material_keeps_every_byte(tmp_path: Path) -> None:
+    """``head -c 32 /dev/urandom`` can begin or end with a whitespace byte: it is key."""
+    binary = tmp_path / "binary.key"
+    binary.write_bytes(b"\n" + bytes(range(200, 231)))
+    assert load_key(binary) == b"\n" + bytes(range(200, 231))
+    text = tmp_path / "text.key"
+    text.write_text("ab" * 32 + "\n")
+    assert load_key(text) == b"ab" * 32
 
 
 def test_the_key_must_live_outside_the_data_directory(tmp_path: Path) -> None:
