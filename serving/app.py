@@ -175,7 +175,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         built: Platform = app.state.platform
         results = await built.gateway.probe(built.graph_backends())
         # Open to anyone: each reason without URLs or addresses; the details go to the log.
-        backends = {r.backend_id: _public_reason(r.reason) for r in results}
+        backends = {r.backend_id: _public_reason(r.public_reason) for r in results}
         ready = all(r.ready for r in results)
         for result in results:
             if not result.ready and logged_reasons.get(result.backend_id) != result.reason:
