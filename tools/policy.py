@@ -76,6 +76,10 @@ def _embedded_ipv4(address: IPAddress) -> tuple[str, ipaddress.IPv4Address] | No
     return None
 
 
+_SITE_LOCAL = ipaddress.ip_network("fec0::/10")
+"""IPv6 site-local (deprecated by RFC 3879): `ipaddress` calls it global."""
+
+
 def _not_public(address: IPAddress) -> str | None:
     """Why ``address`` is not a public unicast address, or None."""
     if address in _METADATA:
@@ -86,6 +90,8 @@ def _not_public(address: IPAddress) -> str | None:
         return "a loopback address"
     if address.is_link_local:
         return "a link-local address"
+    if address.version == 6 and address in _SITE_LOCAL:  # deprecated, yet still routed inside some networks
+        return "a site-local address"
     if address.is_multicast:
         return "a multicast address"
     if address.is_private:

@@ -271,6 +271,7 @@ async def test_https_keeps_the_name_for_sni_and_certificate_checks(
         ("192.168.1.1", "a private or reserved address"),
         ("::ffff:192.168.1.1", "the IPv4-mapped form of 192.168.1.1, a private or reserved address"),
         ("fc00::1", "a private or reserved address"),
+        ("fec0::1", "a site-local address"),
         ("100.64.0.1", "not a globally reachable address"),
         ("0.0.0.0", "the unspecified address"),
         ("::", "the unspecified address"),
