@@ -108,27 +108,63 @@ class _ChunkEncoder:
         return chunk.model_dump_json()
 
 
+_REASONING = ("reasoning_content", "reasoning")
+"""Where OpenAI-compatible servers put a reasoning model's thinking (llama.cpp and
+vLLM: ``reasoning_content``; newer vLLM: ``reasoning``): text like the answer, checked
+like it."""
+
+_LOGPROB_FIELDS = ("logprobs", "top_logprobs")
+"""Request fields asking for ``logprobs``. Their tokens are the answer's own text,
+unchecked: under an output policy they are not asked for, and dropped if sent."""
+
+
+def _alias_body(request: ChatCompletionRequest, guard: OutputGuard) -> dict[str, Any]:
+    """The request as relayed to an alias's backend (unknown fields kept). With the
+    output guard active, ``logprobs``/``top_logprobs`` are not forwarded: the tokens
+    they list are the unredacted answer, which the guard cannot check token by token."""
+    body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
+    if guard.active:
+        for field in _LOGPROB_FIELDS:
+            body.pop(field, None)
+    return body
+
+
 def _guard_alias_chunk(chunk: dict[str, Any], guard: OutputGuard) -> dict[str, Any] | None:
-    """A relayed chunk with each choice's content checked (``None``: nothing left to
-    send yet). Raises `OutputBlockedError`."""
+    """A relayed chunk with each choice's content, reasoning and tool-call arguments
+    checked, and its ``logprobs`` removed (``None``: nothing left to send yet). Raises
+    `OutputBlockedError`."""
     choices = []
     for choice in chunk["choices"]:
-        delta = choice.get("delta") or {}
-        content = delta.get("content")
+        # logprobs list the answer's tokens unchecked: never relayed under a policy
+        # (not asked for, see `_alias_body`; dropped if a backend sends them anyway).
+        choice = {key: value for key, value in choice.items() if key != "logprobs"}
+        delta = dict(choice.get("delta") or {})
         index = choice.get("index", 0)
+        finish = choice.get("finish_reason")
+        content = delta.get("content")
         if isinstance(content, str):
             content = guard.feed(index, content)
+        texts: dict[str, str] = {}
+        for field in _REASONING:
+            text = delta.get(field)
+            if isinstance(text, str):
+                texts[field] = guard.feed((index, field), text)
         calls = _guard_alias_calls(delta.get("tool_calls"), index, guard)
-        if choice.get("finish_reason"):
+        if finish:
             content = (content or "") + guard.flush(index)
+            for field in _REASONING:
+                if (index, field) in guard.pending():
+                    texts[field] = texts.get(field, "") + guard.flush((index, field))
             calls = _flush_alias_calls(calls, index, guard)
         if isinstance(content, str):
-            delta = {**delta, "content": content}
+            delta["content"] = content
+        delta.update(texts)
         if calls is not None:
-            delta = {**delta, "tool_calls": calls}
-        if isinstance(content, str) or calls is not None:
-            empty = not content and not calls and not (set(delta) - {"content", "tool_calls"})
-            if empty and not choice.get("finish_reason"):
+            delta["tool_calls"] = calls
+        if isinstance(content, str) or calls is not None or texts:
+            checked = {"content", "tool_calls", *_REASONING}
+            empty = not content and not calls and not any(texts.values()) and not (set(delta) - checked)
+            if empty and not finish:
                 continue  # held back entirely
         choices.append({**choice, "delta": delta})
     return {**chunk, "choices": choices} if choices else None
@@ -176,27 +212,33 @@ def _guard_alias_calls(calls: Any, index: int, guard: OutputGuard) -> list[dict[
 def _flush_alias_calls(calls: list[dict[str, Any]] | None, index: int, guard: OutputGuard) -> list[dict[str, Any]] | None:
     """``calls`` plus the held-back rest of choice ``index``'s tool-call arguments."""
     for key in guard.pending():
-        if isinstance(key, tuple) and key[0] == index and (rest := guard.flush(key)):
+        if isinstance(key, tuple) and len(key) == 3 and key[0] == index and key[1] == "args" and (rest := guard.flush(key)):
             calls = [*(calls or []), {"index": key[2], "function": {"arguments": rest}}]
     return calls
 
 
 def _check_alias_answer(answer: dict[str, Any], guard: OutputGuard) -> None:
-    """Check each choice's content and tool-call arguments of a relayed whole answer,
-    in place."""
+    """Check each choice's content, reasoning and tool-call arguments of a relayed
+    whole answer, and remove its ``logprobs`` (see `_guard_alias_chunk`), in place."""
     for choice in answer.get("choices") or []:
+        choice.pop("logprobs", None)
         message = choice.get("message") or {}
         content = message.get("content")
         index = choice.get("index", 0)
         try:
             if isinstance(content, str):
                 message["content"] = guard.feed(index, content) + guard.flush(index)
+            for field in _REASONING:
+                if isinstance(message.get(field), str):
+                    message[field] = guard.check_value(message[field])
             for call in message.get("tool_calls") or []:
                 function = call.get("function") or {}
                 if isinstance(function.get("arguments"), str):
                     function["arguments"] = guard.check_value(function["arguments"])
         except OutputBlockedError as exc:
             message.update(content=str(exc), tool_calls=None)
+            for field in _REASONING:
+                message.pop(field, None)
             choice["finish_reason"] = "content_filter"
 
 
@@ -366,7 +408,7 @@ class ChatCompletionService:
                 yield last.model_dump_json()
 
     async def _alias_chunks(self, request: ChatCompletionRequest, run: ActiveRun) -> AsyncIterator[str]:
-        body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
+        body = _alias_body(request, run.guard)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         guard = run.guard
         # The gateway always asks the backend for a usage-only chunk at the end. The
@@ -415,7 +457,7 @@ class ChatCompletionService:
         plan, messages = self._plan(request, request_id, principal, deadline_s)
         async with self._host.open(plan) as run:
             if plan.kind == "alias":
-                body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
+                body = _alias_body(request, run.guard)
                 try:
                     answer: ChatCompletion | dict[str, Any] = await asyncio.wait_for(
                         self._gateway.complete_chat(request.model, body), deadline_s
