@@ -14,10 +14,32 @@ size). ASGI middleware runs only once the head is parsed, too late for either.
 
 - **Header size**: the request line and headers of a request may take at most
   ``max_header_bytes``; bytes are counted before they reach the parser, which is fed
-  no more than the limit, so nothing past it is buffered. Past it: ``431``. (The
-  head of a request pipelined behind another is counted from the read after the one
-  in which it began: at most one socket read more.)
-- **Header count**: at most ``max_headers`` header fields: ``431``.
+  no more than the limit, so nothing past it is buffered. Past it: ``431``. Counting
+  restarts at the end of each request, so the next request on a kept-alive connection
+  is counted from its first byte (one pipelined behind another in the same piece of
+  data has that piece, at most ``max_header_bytes``, uncounted).
+- **Header count**: at most ``max_headers`` header fields, trailers of a chunked body
+  included: ``431``.
+- **Chunked framing and trailers**: after the head, the bytes fed to the parser minus
+  the body bytes it delivers are framing: chunk-size lines, chunk extensions and
+  trailers. httptools buffers a trailer's value until it ends, and none of these
+  bytes reach the application, so its body-size limit never sees them. Two bounds,
+  with the parser fed at most the room left (at least 8 KiB at a time, the most
+  either is overshot by; framing in the piece of data where the head ends counts as
+  head). The first bounds what the parser buffers (a trailer); the second, the
+  parsing a client may cause per byte of body:
+
+  - a run of framing with no body in between (trailers, one chunk-size line or its
+    extensions) may take at most ``max_header_bytes``;
+  - a request's framing in all may take ``max_header_bytes`` or an eighth of the body
+    delivered so far, whichever is more. Framing grows with the body (a chunk of
+    1 KiB costs 7 bytes of framing, so a 10 MB upload in 1 KiB chunks carries 70 KiB,
+    more than the default ``max_header_bytes``), so a fixed bound would refuse
+    legitimate uploads; an eighth still refuses a client that sends framing and
+    almost no body (chunks of a few bytes).
+
+  Past either: ``431`` if no response has started (the application sees a
+  disconnect), else the connection is closed.
 - **Header time**: the head must be complete ``header_timeout_s`` after the connection
   opened (first request) or after the request's first byte (later requests on a
   kept-alive connection): ``408`` if a request had begun, else the connection is
@@ -55,15 +77,25 @@ class ConnectionLimits:
     """What one HTTP/1.1 connection may send (see the module docstring)."""
 
     max_header_bytes: int
-    """Request line plus header fields, in bytes (431 beyond)."""
+    """Request line plus header fields, in bytes (431 beyond); also a chunked body's
+    trailers, and its framing in all unless an eighth of the body is more."""
     max_headers: int
-    """Header fields per request (431 beyond)."""
+    """Header fields per request, trailers included (431 beyond)."""
     header_timeout_s: float
     """Time to send a request's whole head (408 beyond)."""
     body_timeout_s: float
     """Time to send a request's whole body, from the end of its head (408 beyond)."""
     linger_s: float = 1.0
     """After a refusal: how long the client's further bytes are read and dropped."""
+
+
+_MIN_PIECE = 8192
+"""After the head, the parser is fed at least this much at a time (so a client that
+has used up nearly all its framing room cannot make it parse byte by byte): the most
+a limit on framing is overshot by."""
+_BODY_OVERHEAD_DIVISOR = 8
+"""A request's chunk framing may reach an eighth of its body when that is more than
+``max_header_bytes``."""
 
 
 class _Refused(Exception):
@@ -87,6 +119,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """Reading a request's line and headers (also before the first byte)."""
         self._head_bytes = 0
         self._head_fields = 0
+        """Header fields of the current request, trailers included."""
+        self._body_bytes = 0
+        """Body bytes of the current request delivered through on_body."""
+        self._overhead = 0
+        """Bytes of the current request after its head that were not body (framing)."""
+        self._run = 0
+        """Framing bytes since the last piece that delivered body bytes."""
+        self._piece_completed = False
+        self._upgraded = False
         self._begun = False
         """The current request's first byte has arrived."""
         self._body_pending = False
@@ -111,25 +152,61 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # lingering: drop what the client still sends
-        if self._in_head:
-            room = self.limits.max_header_bytes - self._head_bytes
-            if len(data) > room:
+        limit = self.limits.max_header_bytes
+        while data:
+            if self._in_head:
                 # Feed the parser only what fits; if the head does not end within
                 # it, refuse without ever buffering the rest.
-                self._head_bytes += room
-                if room:
-                    super().data_received(data[:room])
-                if self._refused or self.transport.is_closing():
+                room = limit - self._head_bytes
+                if room <= 0:
+                    self._refuse(431, f"request head larger than {limit} bytes")
                     return
-                if self._in_head:
-                    self._refuse(431, f"request head larger than {self.limits.max_header_bytes} bytes")
-                    return
-                data = data[room:]
+                piece, data = data[:room], data[room:]
+                self._head_bytes += len(piece)
+                self._feed(piece)
             else:
-                self._head_bytes += len(data)
-        super().data_received(data)
+                # After the head: what is fed minus what reaches on_body is framing
+                # (chunk-size lines, extensions, trailers). A run of it is fed no
+                # more than the room left (or _MIN_PIECE), so the parser never
+                # buffers much more than the limit.
+                run_room = limit - self._run
+                total_room = self._overhead_allowed() - self._overhead
+                if run_room <= 0 or total_room <= 0:
+                    self._refuse_current(431, self._framing_excess())
+                    return
+                size = max(min(run_room, total_room), _MIN_PIECE)
+                piece, data = data[:size], data[size:]
+                body_before = self._body_bytes
+                self._piece_completed = False
+                self._feed(piece)
+                if not self._piece_completed:
+                    overhead = len(piece) - (self._body_bytes - body_before)
+                    self._overhead += overhead
+                    self._run = overhead if self._body_bytes > body_before else self._run + overhead
+            if self._refused or self._upgraded or self.transport.is_closing():
+                return
+        if self._in_head and self._head_bytes >= limit:
+            self._refuse(431, f"request head larger than {limit} bytes")
+            return
+        if not self._in_head and (self._run > limit or self._overhead > self._overhead_allowed()):
+            self._refuse_current(431, self._framing_excess())
+            return
         if self._body_pending and self._body_timer is None and not self.transport.is_closing():
             self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timeout)
+
+    def _feed(self, piece: bytes) -> None:
+        super().data_received(piece)
+
+    def _overhead_allowed(self) -> int:
+        """Framing a request's body may carry in all: the head's limit, or an eighth
+        of the body delivered so far if more (chunks of 1 KiB cost 7 bytes each)."""
+        return max(self.limits.max_header_bytes, self._body_bytes // _BODY_OVERHEAD_DIVISOR)
+
+    def _framing_excess(self) -> str:
+        limit = self.limits.max_header_bytes
+        if self._run >= limit:
+            return f"chunked trailers or framing larger than {limit} bytes"
+        return f"chunked framing larger than {self._overhead_allowed()} bytes for {self._body_bytes} bytes of body"
 
     def send_400_response(self, msg: str) -> None:
         if self._refused:
@@ -140,8 +217,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def handle_websocket_upgrade(self) -> None:
         # The connection is no longer ours to time: the WebSocket protocol has it.
         self._body_pending = False
+        self._upgraded = True
         self._cancel_timers()
         super().handle_websocket_upgrade()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        self._upgraded = True  # the parser stopped at the upgrade: feed it no more
+        super()._unsupported_upgrade_warning()
 
     # Parser callbacks
 
@@ -153,9 +235,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timeout)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_fields += 1
+        self._head_fields += 1  # trailers count too: the count is reset per request
         if self._head_fields > self.limits.max_headers:
-            self._refuse(431, f"more than {self.limits.max_headers} header fields")
+            reason = f"more than {self.limits.max_headers} header fields"
+            if self._in_head:
+                self._refuse(431, reason)
+            else:
+                self._refuse_current(431, reason + " (trailers included)")
             raise _Refused
         super().on_header(name, value)
 
@@ -163,14 +249,24 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._begun = False
         self._head_bytes = 0
-        self._head_fields = 0
+        self._body_bytes = self._overhead = self._run = 0
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
         self._body_pending = True
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
+        # The next request's head is counted from its first byte (when it starts in
+        # a later piece than this request's end).
+        self._in_head = True
+        self._head_bytes = self._head_fields = 0
+        self._body_bytes = self._overhead = self._run = 0
+        self._piece_completed = True
         self._body_pending = False
         if self._body_timer is not None:
             self._body_timer.cancel()
@@ -219,6 +315,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _peer(self) -> str:
         return "%s:%d" % self.client if self.client else "?"
+
+    def _refuse_current(self, status: int, reason: str) -> None:
+        """Refuse the request whose body is being read: ``status`` if no response to
+        it (or to an earlier request) is under way, else just close."""
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started or self.pipeline:
+                self._refused = True
+                self._cancel_timers()
+                log.warning("closed a connection from %s: %s", self._peer(), reason)
+                self.transport.close()
+                return
+        self._refuse(status, reason, force=True)
 
     def _refuse(self, status: int, reason: str, *, force: bool = False) -> None:
         """Answer ``status`` and close (after lingering), unless a response to an

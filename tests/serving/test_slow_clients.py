@@ -6,6 +6,7 @@ server answers a normal request right after."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -> 
                 "body_timeout_s": BODY_TIMEOUT_S,
                 "max_header_bytes": MAX_HEADER_BYTES,
                 "max_headers": MAX_HEADERS,
+                "max_body_bytes": 32 << 20,
             },
         },
         dev=False,
@@ -239,3 +241,107 @@ def test_a_kept_alive_connection_idle_past_the_header_timeout_still_works(guarde
         assert client.get("/healthz").status_code == 200
         body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
         assert client.post("/v1/chat/completions", json=body).status_code == 401
+
+
+# Chunked framing and trailers (what the parser is fed after the head but that is not body)
+
+
+def _chunked(body: bytes, size: int) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(body[i : i + size]), body[i : i + size]) for i in range(0, len(body), size))
+
+
+CHUNKED_POST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+)
+LAST = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+def _statuses(server: ServerHandle, payload: bytes, *, limit_s: float = 30.0) -> list[int]:
+    """Send ``payload`` on one connection, read until the server closes: the statuses."""
+    started = time.monotonic()
+    with _connect(server) as sock:
+        sock.settimeout(limit_s)
+        sock.sendall(payload)
+        answer = b""
+        while time.monotonic() - started < limit_s:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+    return [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)]
+
+
+def test_endless_trailers_are_refused_and_do_not_grow_the_server(guarded: ServerHandle) -> None:
+    pid = guarded.process.pid
+    _still_serves(guarded)
+    before = _rss_bytes(pid)
+    endless = CHUNKED_POST + b"5\r\nhello\r\n0\r\nX-T: " + b"t" * (8 << 20)  # never ends
+
+    with ThreadPoolExecutor(20) as pool:
+        outcomes = list(pool.map(lambda _: _send_head(guarded, endless, limit_s=20), range(20)))
+    after = _rss_bytes(pid)
+    # Refused as framing past the limit, not left to the body timer (which answers 408).
+    assert all(o.status in (431, None) for o in outcomes), outcomes
+    assert any(o.status == 431 for o in outcomes), outcomes
+    assert after - before < 64 << 20, f"server RSS grew by {(after - before) >> 20} MiB"
+    _still_serves(guarded)
+
+
+def test_too_many_trailer_fields_are_431(guarded: ServerHandle) -> None:
+    trailers = b"".join(b"X-%d: 1\r\n" % i for i in range(MAX_HEADERS + 10))
+    assert _statuses(guarded, CHUNKED_POST + b"2\r\n{}\r\n0\r\n" + trailers + b"\r\n" + LAST) == [431]
+    _still_serves(guarded)
+
+
+def test_a_chunked_upload_with_a_trailer_still_works(guarded: ServerHandle) -> None:
+    body = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
+    request = CHUNKED_POST + _chunked(body, 7) + b"0\r\nX-Checksum: abc\r\nX-Other: 1\r\n\r\n"
+    # Read, answered (no key), and the kept-alive connection serves the next request.
+    assert _statuses(guarded, request + request + LAST) == [401, 401, 200]
+
+
+@pytest.mark.parametrize("chunk", [4096, 1024])
+def test_a_large_chunked_upload_within_the_body_limit_still_works(guarded: ServerHandle, chunk: int) -> None:
+    # 10 MB in 1 KiB chunks carries 70 KiB of chunk-size lines, more than max_header_bytes.
+    body = b'{"model": "chat", "messages": [{"role": "user", "content": "' + b"a" * (10 << 20) + b'"}]}'
+    framed = _chunked(body, chunk) + b"0\r\n\r\n"
+    assert len(framed) - len(body) > MAX_HEADER_BYTES or chunk != 1024
+    assert _statuses(guarded, CHUNKED_POST + framed + LAST, limit_s=60) == [401, 200]
+
+
+def test_the_next_request_on_a_kept_alive_connection_is_counted_from_its_first_byte(guarded: ServerHandle) -> None:
+    first = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    oversized = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES + 20_000) + b"\r\nConnection: close\r\n\r\n"
+    with _connect(guarded) as sock:
+        sock.sendall(first)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < int(
+            re.search(rb"(?i)content-length: (\d+)", answer).group(1)  # type: ignore[union-attr]
+        ):
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        assert _status(answer) == 200
+        time.sleep(0.2)  # the first request is over: the next one begins in a new read
+        sock.sendall(oversized)
+        outcome = _read_until_closed(sock, time.monotonic(), 15)
+    assert outcome.status == 431, outcome
+    _still_serves(guarded)
+
+
+def test_expect_100_continue_with_a_chunked_body_still_works(guarded: ServerHandle) -> None:
+    head = CHUNKED_POST.replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n")
+    body = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
+    with _connect(guarded) as sock:
+        sock.sendall(head)
+        interim = sock.recv(65536)
+        assert interim.startswith(b"HTTP/1.1 100 "), interim  # the app reads the body: the server asks for it
+        sock.sendall(_chunked(body, 16) + b"0\r\nX-Checksum: abc\r\n\r\n" + LAST)
+        answer = interim
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)] == [100, 401, 200]
