@@ -88,9 +88,11 @@ class ServerSettings(BaseModel):
     """Larger request bodies get 413."""
     max_header_bytes: int = Field(default=65_536, ge=1024, le=16 << 20)
     """A request's line and header fields together; larger heads get 431 and the
-    connection is closed (nothing past the limit is buffered; `serving.http`)."""
+    connection is closed (nothing past the limit is buffered; `serving.http`). Also
+    bounds a chunked body's framing: a trailer section or one chunk-size line, and all
+    framing of a request beyond an eighth of its body."""
     max_headers: int = Field(default=100, ge=16, le=10_000)
-    """Header fields per request; more get 431."""
+    """Header fields per request, chunked trailers included; more get 431."""
     header_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A request's head must arrive within this long (from the connection's opening,
     or from the request's first byte on a kept-alive connection): else 408 and the
