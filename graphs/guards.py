@@ -33,8 +33,11 @@ import dataclasses
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import date, datetime, time
+from enum import Enum
 from functools import cached_property
 from typing import Any, Literal
+from uuid import UUID
 
 from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.types import Interrupt
@@ -287,15 +290,26 @@ class _ValueCheck:
             return {key: self.value(item) for key, item in value.items()}
         if isinstance(value, list):
             return [self.value(item) for item in value]
-        if isinstance(value, tuple):
-            return tuple(self.value(item) for item in value)
         if isinstance(value, Interrupt):
             return Interrupt(value=self.value(value.value), id=value.id)
+        if isinstance(value, tuple):
+            return tuple(self.value(item) for item in value)
+        if isinstance(value, (set, frozenset)):  # as the wire carries it: a list
+            return [self.value(item) for item in value]
+        if value is None or isinstance(value, (bool, int, float, datetime, date, time, UUID)):
+            return value  # no text in it
+        if isinstance(value, Enum):
+            return self.value(value.value)
         if isinstance(value, BaseModel):  # as the wire would carry it
             return self.value(value.model_dump())
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return self.value(dataclasses.asdict(value))
-        return value
+        if isinstance(value, BaseException):
+            # Its text may reveal internals: the serving layer maps exceptions to
+            # their client message before checking; here only the type is kept.
+            return type(value).__name__
+        # Anything else would reach the wire as its text (`repr`): checked as text.
+        return self.text(str(value))
 
     def content(self, content: Any) -> Any:
         if isinstance(content, str):
@@ -332,8 +346,10 @@ def checked_value(value: Any, policy: OutputPolicy, *, block: Literal["raise", "
     redactions made. The value itself is not changed (a checked copy is returned).
 
     Walks strings, LangChain messages (their texts only, see `_ValueCheck.message`),
-    dicts (values, not keys), lists, tuples, interrupts, pydantic models and
-    dataclasses (as the wire would carry them: dicts).
+    dicts (values, not keys), lists, tuples, sets (as lists), interrupts, pydantic
+    models and dataclasses (as the wire would carry them: dicts). Numbers, booleans,
+    dates and UUIDs are kept; an exception becomes its type's name (never its text);
+    any other object becomes its text, checked.
 
     Args:
         block: what a text holding a blocked term becomes: ``"raise"`` stops (a run

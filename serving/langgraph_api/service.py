@@ -37,7 +37,7 @@ from serving.langgraph_api.protocol import (
     ThreadSearch,
     assistant_uuid,
 )
-from serving.runs import RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages
+from serving.runs import ClientError, RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
 __all__ = ["LangGraphService", "StartedRun", "dumps", "frame", "sse_frames", "stop_error"]
@@ -51,6 +51,10 @@ _STARTED = datetime.now(UTC).isoformat()
 
 
 def _default(value: Any) -> Any:
+    if isinstance(value, BaseException):
+        # Never an exception's own text (`repr` would send it): its client JSON. A
+        # run's events map theirs first (`_EventErrors`, logged there with the ids).
+        return client_error(value, log_unexpected=False).json()
     if isinstance(value, Interrupt):
         return {"value": value.value, "id": value.id}
     if isinstance(value, BaseModel):
@@ -157,13 +161,59 @@ def _checked_message(message: Any, guard: OutputGuard) -> Any:
     return AIMessageChunk(**data)
 
 
+_ERROR_MODES = frozenset({"tasks", "debug", "checkpoints"})
+"""Stream modes whose events carry a failed task's exception object (in ``error``)."""
+
+_STORED_ERROR = ClientError(type="InternalError", message="internal error; the server log of the run that failed has the detail")
+"""A failed task's error read back from a checkpoint (LangGraph stores its text)."""
+
+
+class _EventErrors:
+    """Exceptions found in one run's events (LangGraph puts a failed task's exception
+    object in ``error`` of ``tasks``, ``debug`` and ``checkpoints`` events) as their
+    `client_error` JSON, never their own text. Each is logged once, however many
+    events repeat it, and the run's final ``error`` event reuses the same JSON."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = run_id
+        self._seen: dict[int, tuple[BaseException, dict[str, str]]] = {}
+
+    def json(self, exc: BaseException) -> dict[str, str]:
+        known = self._seen.get(id(exc))
+        if known is None:  # the exception is kept, so its id is not reused meanwhile
+            known = self._seen[id(exc)] = (exc, client_error(exc, run_id=self._run_id).json())
+        return known[1]
+
+    def seen(self, exc: BaseException) -> dict[str, str] | None:
+        known = self._seen.get(id(exc))
+        return known[1] if known is not None else None
+
+    def value(self, value: Any) -> Any:
+        """``value`` with each exception in it mapped (the same object if it has none)."""
+        if isinstance(value, BaseException):
+            return self.json(value)
+        if isinstance(value, dict):
+            items = {key: self.value(item) for key, item in value.items()}
+            if isinstance(items.get("error"), str) and items["error"] and "name" in items and "id" in items:
+                # A task failed in an earlier run, read back from the checkpoint: its
+                # exception is stored as its text (a ``repr``), already logged.
+                items["error"] = _STORED_ERROR.json()
+            return items if any(items[k] is not value[k] for k in value) else value
+        if isinstance(value, (list, tuple, set, frozenset)):
+            mapped = [self.value(item) for item in value]
+            if all(new is old for new, old in zip(mapped, value, strict=True)):
+                return value
+            return mapped if not isinstance(value, tuple) else tuple(mapped)
+        return value
+
+
 def _task_error(error: Any) -> str | None:
     """A failed task's error read back from the state: its client message (an
     unexpected exception's text stays in the server log)."""
     if not error:
         return None
     if not isinstance(error, BaseException):
-        return "internal error; the server log of the run that failed has the detail"
+        return _STORED_ERROR.message
     return client_error(error, log_unexpected=False).message
 
 
@@ -583,6 +633,7 @@ class LangGraphService:
                 if run.span.callbacks:
                     config["callbacks"] = run.span.callbacks
                 yield "metadata", {"run_id": plan.run_id, "attempt": 1}
+                errors = _EventErrors(plan.run_id)
                 try:
                     stream = graph.astream(
                         prepared.graph_input,
@@ -606,6 +657,8 @@ class LangGraphService:
                             data = part["data"]
                             if kind == "values" and part.get("interrupts"):
                                 data = {**data, "__interrupt__": _interrupts(part["interrupts"])}
+                            elif kind in _ERROR_MODES:
+                                data = errors.value(data)
                             if kind == "messages":
                                 run.token()
                                 data = list(data)
@@ -631,11 +684,15 @@ class LangGraphService:
                 except Exception as exc:  # boundary: a failed run is an error event, not a broken stream
                     run.fail(exc)
                     # A known failure keeps its message; an unexpected one is logged
-                    # whole and the client gets a generic message naming the ids.
-                    error = client_error(exc, run_id=plan.run_id)
-                    if error.type != "InternalError":
-                        log.warning("run %s on thread %s failed: %s: %s", plan.run_id, thread_id, error.type, error.message)
-                    yield "error", error.json()
+                    # whole and the client gets a generic message naming the ids
+                    # (once: a task's error already sent in an event is not logged again).
+                    if (sent := errors.seen(exc)) is not None:
+                        yield "error", sent
+                    else:
+                        error = client_error(exc, run_id=plan.run_id)
+                        if error.type != "InternalError":
+                            log.warning("run %s on thread %s failed: %s: %s", plan.run_id, thread_id, error.type, error.message)
+                        yield "error", error.json()
         finally:
             if not keep:  # in memory: nothing to wait for
                 await self._scratch.adelete_thread(thread_id)

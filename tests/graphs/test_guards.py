@@ -147,3 +147,37 @@ def test_redaction_is_idempotent(policy: OutputPolicy) -> None:
     twice = policy.check(once.text)
     assert twice.text == once.text and twice.redactions == 0
     assert policy.check(f"only {REDACTED} here").text == f"only {REDACTED} here"
+
+
+# ---- what the value walk reaches (review finding: sets and objects passed unchecked) ---
+
+
+class _Opaque:
+    def __str__(self) -> str:
+        return "an object whose text holds the secret"
+
+
+def test_checked_value_walks_sets_and_checks_unknown_objects_as_text() -> None:
+    import datetime
+    import uuid
+
+    from graphs.guards import checked_value
+
+    when, ident = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC), uuid.UUID(int=7)
+    value = {
+        "set": {"the secret"},
+        "frozen": frozenset({"a secret"}),
+        "tuple": ("secret", 1),
+        "object": _Opaque(),
+        "error": AttributeError("'str' object has no attribute 'secret_internals'"),
+        "kept": [1, 2.5, True, None, when, ident],
+    }
+    checked, count = checked_value(value, POLICY, block="raise")
+    assert checked["set"] == [f"the {REDACTED}"] and checked["frozen"] == [f"a {REDACTED}"]
+    assert checked["tuple"] == (REDACTED, 1)
+    assert checked["object"] == f"an object whose text holds the {REDACTED}"
+    assert checked["error"] == "AttributeError"  # never the exception's own text
+    assert checked["kept"] == [1, 2.5, True, None, when, ident]
+    assert count == 4
+    with pytest.raises(OutputBlockedError):
+        checked_value({frozenset({"the launch code"})}, POLICY, block="raise")

@@ -117,6 +117,42 @@ def test_an_unexpected_error_in_a_langgraph_stream(failing_server: ServerHandle)
     assert _logged(failing_server, "lg-bug-1", run_id, INTERNAL)  # the operator sees it all
 
 
+@pytest.mark.parametrize("mode", ["tasks", "debug", "checkpoints"])
+def test_a_failed_task_in_task_debug_and_checkpoint_events(failing_server: ServerHandle, mode: str) -> None:
+    """These modes carry the failed task's exception object: it reaches the client as
+    its client error (the same as the run's ``error`` event), never as its ``repr``,
+    and is logged once."""
+    tid = httpx.post(failing_server.url + "/threads", json={}).json()["thread_id"]
+    request_id = f"lg-bug-{mode}"
+    body = {"assistant_id": "late-crash", "input": {"messages": HI}, "stream_mode": [mode, "values"]}
+    raw, events, run_id = _events(failing_server, f"/threads/{tid}/runs/stream", body, request_id)
+    assert "get_next_version" not in raw and "AttributeError" not in raw, raw
+    assert events[-1][0] == "error"
+    _assert_generic(events[-1][1], request_id, run_id)
+
+    def task_errors(value: Any) -> list[Any]:
+        if isinstance(value, dict):
+            found = [value["error"]] if value.get("error") and "name" in value else []
+            return found + [e for item in value.values() for e in task_errors(item)]
+        if isinstance(value, list):
+            return [e for item in value for e in task_errors(item)]
+        return []
+
+    errors = [e for name, data in events if name == mode for e in task_errors(data)]
+    if mode != "checkpoints":  # the failed step writes no checkpoint in its own run
+        assert errors and all(e == events[-1][1] for e in errors), errors
+    log = failing_server.log_file.read_text()
+    assert len([line for line in log.splitlines() if " ERROR " in line and request_id in line]) == 1
+    # Run again from the failed step: the checkpoint holds the task's error as its
+    # text (LangGraph stores the exception's repr), which is not sent either.
+    again = {"assistant_id": "late-crash", "input": None, "stream_mode": [mode]}
+    raw, events, _ = _events(failing_server, f"/threads/{tid}/runs/stream", again, f"{request_id}-again")
+    assert "get_next_version" not in raw and "AttributeError" not in raw, raw
+    if mode == "checkpoints":
+        errors = [e for name, data in events if name == mode for e in task_errors(data)]
+        assert errors and all(e["error"] == "InternalError" for e in errors), errors
+
+
 def test_a_failed_task_read_back_from_the_state_says_no_more(failing_server: ServerHandle) -> None:
     tid = httpx.post(failing_server.url + "/threads", json={}).json()["thread_id"]
     body = {"assistant_id": "late-crash", "input": {"messages": HI}}
