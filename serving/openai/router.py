@@ -92,7 +92,8 @@ async def chat_completions(
         async with cancel_on_disconnect(request.receive):
             answer = await service.complete(body, request_id, principal, deadline_s)
         # An alias's answer is the backend's JSON as it came (logprobs, reasoning,
-        # usage details...); only graph answers are built from our own models.
+        # usage details...), except what the output policy checks or removes (see
+        # `_check_alias_answer`); only graph answers are built from our own models.
         return JSONResponse(answer) if isinstance(answer, dict) else answer
     stream = service.stream(body, request_id, principal, deadline_s)
     try:
