@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from serving._json import json_problem
 
@@ -25,10 +33,15 @@ __all__ = [
     "ErrorResponse",
     "ModelCard",
     "ModelList",
+    "NULL_USAGE",
     "ResponseMessage",
     "StreamOptions",
     "Usage",
 ]
+
+NULL_USAGE = "null_usage"
+"""Serialization context key of `ChatCompletionChunk`: true when the client asked for
+``stream_options.include_usage``, so chunks without usage say ``"usage": null``."""
 
 # Sampling fields a graph run forwards to its model call (through the run context).
 SAMPLING_FIELDS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "response_format")
@@ -55,8 +68,8 @@ class ChatMessage(OpenAIBaseModel):
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
-    """Send a last chunk with empty ``choices`` and the ``usage`` (Switchyard always
-    puts usage on its last chunk; this only adds the separate OpenAI-style chunk)."""
+    """Send a last chunk with empty ``choices`` and the ``usage``; every other chunk then
+    says ``"usage": null``. Without it no chunk carries ``usage``."""
 
 
 class ChatCompletionRequest(OpenAIBaseModel):
@@ -201,7 +214,9 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
-    """Only on the last chunk (omitted elsewhere)."""
+    """Only on the last chunk (empty ``choices``), and only if the client asked for
+    ``stream_options.include_usage``; then ``null`` on every other chunk, omitted if not
+    asked (serialize with the `NULL_USAGE` context key)."""
     citations: list[Citation] | None = None
     """Switchyard extension: a retrieval graph's sources, on one chunk (empty delta)
     sent before the answer's first token (omitted elsewhere)."""
@@ -210,9 +225,10 @@ class ChatCompletionChunk(BaseModel):
     the tool ran; the calls themselves stream as ``delta.tool_calls``."""
 
     @model_serializer(mode="wrap")
-    def _drop_empty_usage(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _drop_empty_fields(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        for key in ("usage", "citations", "tool_results"):
+        null_usage = bool(info.context and info.context.get(NULL_USAGE))
+        for key in ("citations", "tool_results") if null_usage else ("usage", "citations", "tool_results"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data

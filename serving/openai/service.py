@@ -2,8 +2,12 @@
 
 ``model`` names either a graph (the request runs through LangGraph and its events are
 encoded as chunks) or a model alias (the request is relayed through the gateway to
-the alias's backend). Both paths produce the same chunk stream shape: role in the
-first chunk, ``finish_reason`` and ``usage`` in the last.
+the alias's backend). Both paths produce the same chunk stream shape, OpenAI's: role in
+the first chunk, ``finish_reason`` in the last chunk with choices; with
+``stream_options.include_usage``, every chunk carries ``"usage": null`` except a final
+one with empty ``choices`` that carries the usage, and without it no chunk has
+``usage`` (counting usage from two chunks would double it, as LangChain's
+``stream_usage`` does).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from serving.openai.protocol import (
     Delta,
     ModelCard,
     ModelList,
+    NULL_USAGE,
     ResponseMessage,
     ToolResultOut,
     Usage,
@@ -77,23 +82,36 @@ def _usage(prompt: int, completion: int) -> Usage:
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-class _ChunkEncoder:
-    """Encodes one stream's chunks. Content deltas, the hot path, reuse a JSON
-    template rendered once from the pydantic model."""
+def _wants_usage(request: ChatCompletionRequest) -> bool:
+    return bool(request.stream_options and request.stream_options.include_usage)
 
-    def __init__(self, completion_id: str, created: int, model: str) -> None:
+
+class _ChunkEncoder:
+    """Encodes one stream's chunks as JSON. Content deltas, the hot path, reuse a JSON
+    template rendered once from the pydantic model.
+
+    With ``include_usage`` every chunk says ``"usage": null`` (OpenAI's shape) and
+    `usage` renders the final usage-only chunk; without it no chunk has ``usage``.
+    """
+
+    def __init__(self, completion_id: str, created: int, model: str, *, include_usage: bool) -> None:
         self.completion_id, self.created, self.model = completion_id, created, model
+        self._context = {NULL_USAGE: include_usage}
         marker = "\x00"
-        template = self.chunk(Delta(content=marker)).model_dump_json()
+        template = self.chunk(Delta(content=marker))
         self._before, self._after = template.split('"\\u0000"')
 
-    def chunk(self, delta: Delta, finish_reason: str | None = None, usage: Usage | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self.completion_id,
-            created=self.created,
-            model=self.model,
-            choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
-            usage=usage,
+    def _dump(self, chunk: ChatCompletionChunk) -> str:
+        return chunk.model_dump_json(context=self._context)
+
+    def chunk(self, delta: Delta, finish_reason: str | None = None) -> str:
+        return self._dump(
+            ChatCompletionChunk(
+                id=self.completion_id,
+                created=self.created,
+                model=self.model,
+                choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
+            )
         )
 
     def content(self, text: str) -> str:
@@ -105,7 +123,14 @@ class _ChunkEncoder:
         chunk = ChatCompletionChunk(
             id=self.completion_id, created=self.created, model=self.model, choices=[ChunkChoice(delta=Delta())], **fields
         )
-        return chunk.model_dump_json()
+        return self._dump(chunk)
+
+    def usage(self, usage: Usage) -> str:
+        """The last chunk of a stream that asked for usage: no choices, the usage."""
+        chunk = ChatCompletionChunk(
+            id=self.completion_id, created=self.created, model=self.model, choices=[], usage=usage
+        )
+        return self._dump(chunk)
 
 
 _REASONING = ("reasoning_content", "reasoning")
@@ -186,7 +211,7 @@ def _flush_arguments(encoder: _ChunkEncoder, guard: OutputGuard, keys: list[Any]
     for key in keys:
         if rest := guard.flush(key):
             call = {"index": key[1], "function": {"arguments": rest}}
-            yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
+            yield encoder.chunk(Delta(tool_calls=[call]))
 
 
 def _guard_alias_calls(calls: Any, index: int, guard: OutputGuard) -> list[dict[str, Any]] | None:
@@ -240,6 +265,12 @@ def _check_alias_answer(answer: dict[str, Any], guard: OutputGuard) -> None:
             for field in _REASONING:
                 message.pop(field, None)
             choice["finish_reason"] = "content_filter"
+
+
+def _relayed(chunk: dict[str, Any], include_usage: bool) -> str:
+    """A relayed chunk with choices, as sent: ``"usage": null`` if the client asked for
+    usage (it comes on the last chunk), no ``usage`` if not."""
+    return json.dumps({**chunk, "usage": None} if include_usage else chunk)
 
 
 def _content_filter_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
@@ -342,7 +373,7 @@ class ChatCompletionService:
     async def _graph_chunks(
         self, request: ChatCompletionRequest, messages: list[BaseMessage], run: ActiveRun
     ) -> AsyncIterator[str]:
-        encoder = _ChunkEncoder(run.plan.run_id, int(time.time()), request.model)
+        encoder = _ChunkEncoder(run.plan.run_id, int(time.time()), request.model, include_usage=_wants_usage(request))
         guard = run.guard
         role_sent = False
         async with aclosing(self._run_events(request, messages, run)) as events:
@@ -350,15 +381,15 @@ class ChatCompletionService:
                 async for event in events:
                     for chunk in self._encode(event, encoder, request, run, guard):
                         if not role_sent:
-                            yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
+                            yield encoder.chunk(Delta(role="assistant", content=""))
                             role_sent = True
                         yield chunk
             except OutputBlockedError:
                 # The run stops here (closing its events cancels it); nothing of the
                 # blocked answer past what was already safe has been sent.
                 if not role_sent:
-                    yield encoder.chunk(Delta(role="assistant", content="")).model_dump_json()
-                yield encoder.chunk(Delta(), finish_reason="content_filter").model_dump_json()
+                    yield encoder.chunk(Delta(role="assistant", content=""))
+                yield encoder.chunk(Delta(), finish_reason="content_filter")
 
     @staticmethod
     def _encode(
@@ -386,7 +417,7 @@ class ChatCompletionService:
                 call.update(id=event.id, type="function")
             if event.name:
                 call["function"]["name"] = event.name
-            yield encoder.chunk(Delta(tool_calls=[call])).model_dump_json()
+            yield encoder.chunk(Delta(tool_calls=[call]))
             return
         # Any other event comes after the model's message has ended: the rest of its
         # tool calls' arguments goes out first.
@@ -399,54 +430,43 @@ class ChatCompletionService:
             if rest := guard.flush(0):
                 yield encoder.content(rest)
             run.tokens = event.completion_tokens
-            totals = _usage(event.prompt_tokens, event.completion_tokens)
-            yield encoder.chunk(Delta(), finish_reason=event.reason, usage=totals).model_dump_json()
-            if request.stream_options and request.stream_options.include_usage:
-                last = ChatCompletionChunk(
-                    id=encoder.completion_id, created=encoder.created, model=encoder.model, choices=[], usage=totals
-                )
-                yield last.model_dump_json()
+            yield encoder.chunk(Delta(), finish_reason=event.reason)
+            if _wants_usage(request):
+                yield encoder.usage(_usage(event.prompt_tokens, event.completion_tokens))
 
     async def _alias_chunks(self, request: ChatCompletionRequest, run: ActiveRun) -> AsyncIterator[str]:
         body = _alias_body(request, run.guard)
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        include_usage = _wants_usage(request)
         guard = run.guard
-        # The gateway always asks the backend for a usage-only chunk at the end. The
-        # chunk carrying finish_reason is held back until it arrives, so the last
-        # chunk has both; the OpenAI-style usage chunk follows if the client asked.
-        held: dict[str, Any] | None = None
+        # The gateway always asks the backend for usage, and backends differ in where
+        # they put it: a usage-only chunk at the end (OpenAI), also on the finish chunk
+        # (some llama.cpp versions), on every chunk (vLLM's continuous usage stats).
+        # Each relayed chunk is normalised: its usage is taken off (``null`` if the
+        # client asked for usage, absent if not) and the last one seen goes out once,
+        # on a final chunk with empty choices, if the client asked.
+        usage: Any = None
+        last: dict[str, Any] | None = None
         async with aclosing(run.events(self._gateway.stream_chat(request.model, body))) as chunks:
             async for chunk in chunks:
-                if guard.active and chunk.get("choices"):
+                usage = chunk.pop("usage", None) or usage
+                if not chunk.get("choices"):
+                    last = chunk  # the usage-only chunk: sent last, below
+                    continue
+                if guard.active:
                     try:
                         checked = _guard_alias_chunk(chunk, guard)
                     except OutputBlockedError:
-                        if held is not None:
-                            yield json.dumps(held)
-                        yield json.dumps(_content_filter_chunk(chunk))
+                        yield _relayed(_content_filter_chunk(chunk), include_usage)
                         return  # closing the relay closes the backend's stream
                     if checked is None:
                         continue
                     chunk = checked
-                choices = chunk.get("choices")
-                if not choices:
-                    run.tokens = int((chunk.get("usage") or {}).get("completion_tokens", 0))
-                    if held is not None:
-                        held["usage"] = chunk.get("usage")
-                        yield json.dumps(held)
-                        held = None
-                    if include_usage:
-                        yield json.dumps(chunk)
-                    continue
-                if held is not None:
-                    yield json.dumps(held)
-                    held = None
-                if any(choice.get("finish_reason") for choice in choices):
-                    held = chunk
-                    continue
-                yield json.dumps(chunk)
-        if held is not None:
-            yield json.dumps(held)
+                yield _relayed(chunk, include_usage)
+                last = chunk
+        if usage:
+            run.tokens = int(usage.get("completion_tokens", 0))
+            if include_usage and last is not None:
+                yield json.dumps({**last, "choices": [], "usage": usage})
 
     # ---- whole answers ---------------------------------------------------------------
 

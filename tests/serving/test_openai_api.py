@@ -61,8 +61,8 @@ def test_streamed_answer_chunks(client: openai.OpenAI, model: str, server: Serve
     assert text.strip()
     last = chunks[-1]
     assert last.choices[0].finish_reason in ("stop", "length")
-    assert last.usage is not None and last.usage.completion_tokens > 0
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert all(c.usage is None for c in chunks)  # not asked for (see test_openai_usage.py)
     # The request id reaches the server's log.
     assert f"[stream-{model}]" in server.log_file.read_text()
 
@@ -74,8 +74,9 @@ def test_include_usage_adds_the_openai_usage_chunk(client: openai.OpenAI) -> Non
                 model=model, messages=QUESTION, max_tokens=8, stream=True, stream_options={"include_usage": True}
             )
         )
-        assert chunks[-1].choices == [] and chunks[-1].usage is not None
+        assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
         assert chunks[-2].choices[0].finish_reason is not None
+        assert all(c.usage is None for c in chunks[:-1])
 
 
 def test_raw_sse_ends_with_done(server: ServerHandle) -> None:
