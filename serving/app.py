@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -34,13 +35,21 @@ from serving.openai.service import ChatCompletionService
 from serving.persistence import open_thread_stores
 from serving.runs import RunChecks, RunHook, RunHost, RunRegistry
 from serving.platform import Platform
-from serving.settings import Settings
+from serving.settings import ServerSettings, Settings
 from serving.tracing import Tracing, TracingMiddleware, open_tracing
 from serving.sse import Drain
 
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
+
+# Local origins `serve --dev` also allows, so a locally run browser app (the Agent
+# Chat UI on :3000) works out of the box.
+_LOCAL_ORIGINS = r"http://(?:localhost|127\.0\.0\.1|\[::1\])(?::[0-9]{1,5})?"
+_CORS_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+# Response headers a browser script may read: the request id, where a run lives,
+# when to retry.
+_CORS_EXPOSED = ("x-request-id", "content-location", "location", "retry-after")
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
@@ -68,6 +77,12 @@ def _tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
+
+
+def _cors_origin_regex(server: ServerSettings) -> str | None:
+    """The configured origin pattern, plus the local origins in ``dev``."""
+    patterns = [p for p in (server.cors_origin_regex, _LOCAL_ORIGINS if server.dev else None) if p]
+    return "|".join(f"(?:{p})" for p in patterns) or None
 
 
 def create_app(settings: Settings, *, platform: Platform | None = None, run_hook: RunHook | None = None) -> FastAPI:
@@ -143,6 +158,24 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
     tracing = open_tracing(settings.tracing)
     if isinstance(tracing, Tracing):
         app.add_middleware(TracingMiddleware, tracing=tracing)  # inside the request id's
+    origin_regex = _cors_origin_regex(settings.server)
+    if settings.server.cors_origins or origin_regex:
+        # Outside the body limit and every route, so a preflight (which carries no key) is
+        # answered here, before authentication and rate limits, and a 401, 413 or 429
+        # carries the CORS headers the browser needs to show it; inside the request id's,
+        # so a preflight has an id too. Request headers are not restricted for an allowed
+        # origin: the SDKs send their own (the openai client's `x-stainless-*`), and the
+        # key, not the header list, is what authorises a call. The connection limits'
+        # 431 and 408 (serving/http.py) are sent before any middleware, without CORS.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.server.cors_origins,
+            allow_origin_regex=origin_regex,
+            allow_credentials=settings.server.cors_allow_credentials,
+            allow_methods=_CORS_METHODS,
+            allow_headers=["*"],
+            expose_headers=_CORS_EXPOSED,
+        )
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so even a 413 has an id
     install_error_handlers(app)
     app.include_router(openai_router)

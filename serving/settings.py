@@ -11,11 +11,12 @@ app factory's caller, and test fixtures.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -61,6 +62,9 @@ class TracingSettings(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     """Sent with every export (a collector's auth header)."""
     export_timeout_s: float = Field(default=10.0, gt=0)
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#@]+")
 
 
 class ServerSettings(BaseModel):
@@ -116,6 +120,49 @@ class ServerSettings(BaseModel):
     stream (older frames are dropped first)."""
     replay_total_bytes: int = Field(default=64 << 20, ge=1024)
     """Frames all finished runs keep together (the oldest runs' go first)."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed to call the API cross-origin, each exact
+    (``https://chat.example.com``, scheme and host and an optional port, no path), or
+    ``["*"]`` for any origin. ``*`` is acceptable because callers authenticate with a
+    header key, never a cookie; it cannot be combined with ``cors_allow_credentials``.
+    In ``dev`` the local origins (``http://localhost:<port>``,
+    ``http://127.0.0.1:<port>``) are allowed as well."""
+    cors_origin_regex: str | None = None
+    """Also allow origins this regular expression matches in full
+    (``https://[a-z0-9-]+\\.example\\.com``)."""
+    cors_allow_credentials: bool = False
+    """Send ``Access-Control-Allow-Credentials: true`` (only useful to browsers that
+    send cookies or HTTP auth, which this API does not read); refused with ``*``."""
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _exact_origins(cls, origins: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: write scheme://host[:port] with no path or trailing "
+                    "slash (https://chat.example.com), or * for any origin"
+                )
+        return origins
+
+    @field_validator("cors_origin_regex")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return pattern
+
+    @model_validator(mode="after")
+    def _no_wildcard_with_credentials(self) -> ServerSettings:
+        if "*" in self.cors_origins and self.cors_allow_credentials:
+            raise ValueError(
+                "cors_origins '*' cannot be combined with cors_allow_credentials: list the exact "
+                "origins, or turn cors_allow_credentials off (API keys travel in headers, not cookies)"
+            )
+        return self
 
 
 def _default_graphs() -> dict[str, GraphSpec]:

@@ -78,3 +78,31 @@ def test_invalid_environment_value_names_the_key(tmp_path: Path, monkeypatch: py
 def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="file not found"):
         load_settings(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "server: {cors_origins: ['*'], cors_allow_credentials: true}\n",
+            r"server: Value error, cors_origins '\*' cannot be combined with cors_allow_credentials",
+        ),
+        ("server: {cors_origins: ['https://ui.example.com/']}\n", r"server\.cors_origins: Value error, .* is not an origin"),
+        ("server: {cors_origins: [ui.example.com]}\n", r"server\.cors_origins: Value error, .* is not an origin"),
+        ("server: {cors_origin_regex: 'https://(x'}\n", r"server\.cors_origin_regex: Value error, not a regular expression"),
+    ],
+)
+def test_invalid_cors_config_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "switchyard.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(config)
+
+
+def test_cors_origins_from_the_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "switchyard.yaml"
+    config.write_text("server: {cors_origins: ['https://ui.example.com', 'http://localhost:3000']}\n")
+    assert load_settings(config).server.cors_origins == ("https://ui.example.com", "http://localhost:3000")
+    monkeypatch.setenv("SWITCHYARD_SERVER__CORS_ORIGINS", '["*"]')
+    settings = load_settings(config).server
+    assert settings.cors_origins == ("*",) and not settings.cors_allow_credentials
