@@ -87,6 +87,11 @@ class ModelGateway:
             CapabilityError: the backend does not declare ``embeddings``.
             BackendUnavailableError, BackendResponseError: the call failed.
         """
+        vectors, _ = await self.embed_with_usage(alias, texts)
+        return vectors
+
+    async def embed_with_usage(self, alias: str, texts: list[str]) -> tuple[list[list[float]], int]:
+        """Like `embed`, plus the prompt tokens the backend reports (0 if it reports none)."""
         backend = self.registry.resolve(alias)
         if not backend.capabilities.embeddings:
             raise CapabilityError(
@@ -99,11 +104,13 @@ class ModelGateway:
         try:
             rows = sorted(answer["data"], key=lambda row: row["index"])
             vectors = [list(map(float, row["embedding"])) for row in rows]
-        except (KeyError, TypeError, ValueError) as exc:
+            usage = answer.get("usage") or {}
+            prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BackendResponseError(backend.id, 502, f"not an embeddings answer: {exc!r}") from None
         if len(vectors) != len(texts):
             raise BackendResponseError(backend.id, 502, f"{len(vectors)} vectors for {len(texts)} inputs")
-        return vectors
+        return vectors, prompt_tokens
 
     async def complete_chat(self, alias: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Relay a non-streamed chat completion to the alias's backend.

@@ -29,8 +29,13 @@ __all__ = [
     "Choice",
     "ChunkChoice",
     "Delta",
+    "Embedding",
+    "EmbeddingList",
+    "EmbeddingRequest",
+    "EmbeddingUsage",
     "ErrorBody",
     "ErrorResponse",
+    "MAX_EMBEDDING_INPUTS",
     "ModelCard",
     "ModelList",
     "NULL_USAGE",
@@ -260,3 +265,40 @@ class ErrorResponse(BaseModel):
     """The OpenAI error shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
     error: ErrorBody
+
+
+class EmbeddingRequest(OpenAIBaseModel):
+    """``POST /v1/embeddings``. ``input`` is checked by the service, so that a bad item
+    is a 400 naming it (``input.3``); token-array inputs are refused."""
+
+    model: str
+    input: Any
+    """One string, or a list of strings (at most `MAX_EMBEDDING_INPUTS`)."""
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, gt=0)
+    """Accepted only when it equals the backend's declared ``embedding_dimensions``."""
+    user: str | None = None
+    """Ignored."""
+
+
+MAX_EMBEDDING_INPUTS = 2048
+"""OpenAI's limit on the number of inputs of one embeddings request."""
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+    """Floats, or with ``encoding_format: base64`` their little-endian float32 bytes."""
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage

@@ -11,7 +11,14 @@ from fastapi.responses import JSONResponse
 
 from serving.deps import ChatServiceDep, DeadlineDep, PrincipalDep, RequestIdDep, require_key
 from serving.errors import error_body, to_api_error
-from serving.openai.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, ModelList
+from serving.openai.protocol import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    EmbeddingList,
+    EmbeddingRequest,
+    ErrorResponse,
+    ModelList,
+)
 from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect
 
 __all__ = ["router"]
@@ -113,3 +120,14 @@ async def chat_completions(
         grace_s=server.shutdown_grace_s,
         farewell=_SHUTDOWN_FAREWELL,
     )
+
+
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingList,
+    responses={code: _ERRORS[code] for code in (400, 401, 403, 404, 413, 429, 502, 503)},
+)
+async def create_embeddings(body: EmbeddingRequest, service: ChatServiceDep, principal: PrincipalDep) -> EmbeddingList:
+    """Vectors from a model alias whose backend declares the ``embeddings`` capability."""
+    log.info("embeddings model=%s", body.model)
+    return await service.embeddings(body, principal)

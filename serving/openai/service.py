@@ -13,7 +13,9 @@ one with empty ``choices`` that carries the usage, and without it no chunk has
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import struct
 import logging
 import time
 import uuid
@@ -49,6 +51,11 @@ from serving.openai.protocol import (
     Citation,
     ChunkChoice,
     Delta,
+    Embedding,
+    EmbeddingList,
+    EmbeddingRequest,
+    EmbeddingUsage,
+    MAX_EMBEDDING_INPUTS,
     ModelCard,
     ModelList,
     NULL_USAGE,
@@ -84,6 +91,26 @@ def _usage(prompt: int, completion: int) -> Usage:
 
 def _wants_usage(request: ChatCompletionRequest) -> bool:
     return bool(request.stream_options and request.stream_options.include_usage)
+
+
+def _embedding_inputs(value: Any) -> list[str]:
+    """``input`` as a list of non-empty strings, or a 400 naming the bad part."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise RequestError("input must be a string or a list of strings", param="input")
+    if not value:
+        raise RequestError("input must not be empty", param="input")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise RequestError(f"input has {len(value)} items; at most {MAX_EMBEDDING_INPUTS} are allowed", param="input")
+    for index, item in enumerate(value):
+        if isinstance(item, (int, list)) and not isinstance(item, bool):
+            raise RequestError("token arrays are not supported: send the text as strings", param=f"input.{index}")
+        if not isinstance(item, str):
+            raise RequestError(f"must be a string, got {type(item).__name__}", param=f"input.{index}")
+        if not item:
+            raise RequestError("must not be an empty string", param=f"input.{index}")
+    return list(value)
 
 
 class _ChunkEncoder:
@@ -296,6 +323,42 @@ class ChatCompletionService:
             ModelCard(id=a, owned_by="switchyard-alias") for a in self._gateway.registry.aliases if allowed.allows_model(a)
         ]
         return ModelList(data=cards)
+
+    async def embeddings(self, request: EmbeddingRequest, principal: Principal) -> EmbeddingList:
+        """``/v1/embeddings`` through an alias whose backend declares ``embeddings``;
+        the tenant's allowed models apply as on chat completions."""
+        texts = _embedding_inputs(request.input)
+        if request.model in self._graphs:
+            raise RequestError(
+                f"model {request.model!r} is a graph; embeddings need a model alias whose backend serves embeddings",
+                param="model", code="unsupported_capability",
+            )
+        backend = self._gateway.backend(request.model)  # raises UnknownModelError naming what exists
+        if not principal.settings.allows_model(request.model):
+            raise ServingError(403, f"tenant {principal.tenant!r} may not use model {request.model!r}")
+        if not backend.capabilities.embeddings:
+            raise RequestError(
+                f"model {request.model!r} does not serve embeddings (its backend {backend.id!r} does not declare the embeddings capability)",
+                param="model", code="unsupported_capability",
+            )
+        declared = backend.capabilities.embedding_dimensions
+        if request.dimensions is not None and request.dimensions != declared:
+            raise RequestError(
+                f"model {request.model!r} cannot shorten its vectors: dimensions must be omitted"
+                + (f" or equal {declared}" if declared else ""),
+                param="dimensions", code="unsupported_capability",
+            )
+        vectors, prompt_tokens = await self._gateway.embed_with_usage(request.model, texts)
+        if request.encoding_format == "base64":
+            data = [
+                Embedding(index=i, embedding=base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode("ascii"))
+                for i, v in enumerate(vectors)
+            ]
+        else:
+            data = [Embedding(index=i, embedding=v) for i, v in enumerate(vectors)]
+        return EmbeddingList(
+            data=data, model=request.model, usage=EmbeddingUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
+        )
 
     def _plan(
         self, request: ChatCompletionRequest, request_id: str, principal: Principal, deadline_s: float | None
