@@ -16,11 +16,14 @@ from serving._json import json_problem
 
 __all__ = [
     "THREAD_ID_PATTERN",
+    "AssistantCount",
     "AssistantSearch",
     "HistoryRequest",
     "RunCommand",
     "RunConfig",
     "RunCreate",
+    "StreamModeName",
+    "ThreadCount",
     "ThreadCreate",
     "ThreadSearch",
     "assistant_uuid",
@@ -67,6 +70,14 @@ class AssistantSearch(_Request):
     offset: int = Field(default=0, ge=0, le=_MAX_OFFSET)
 
 
+class AssistantCount(_Request):
+    """``POST /assistants/count``: the filters of ``/assistants/search``."""
+
+    graph_id: str | None = None
+    name: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
 class ThreadCreate(_Request):
     """``POST /threads``."""
 
@@ -82,6 +93,13 @@ class ThreadSearch(_Request):
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=_MAX_OFFSET)
+
+
+class ThreadCount(_Request):
+    """``POST /threads/count``: the filters of ``/threads/search``."""
+
+    metadata: dict[str, Any] | None = None
+    status: Literal["idle", "busy", "interrupted", "error"] | None = None
 
 
 class HistoryRequest(_Request):

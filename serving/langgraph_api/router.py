@@ -7,13 +7,14 @@ from contextlib import aclosing
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
 
 from serving._tasks import RunCancelledError, RunDeadlineError
 from serving.errors import ServingError
 from serving.deps import DeadlineDep, PrincipalDep, RequestIdDep, require_key
 from serving.langgraph_api.protocol import (
     Assistant,
+    AssistantCount,
     AssistantSearch,
     Detail,
     HistoryRequest,
@@ -23,11 +24,12 @@ from serving.langgraph_api.protocol import (
     Run,
     RunCreate,
     Thread,
+    ThreadCount,
     ThreadCreate,
     ThreadSearch,
     ThreadState,
 )
-from serving.langgraph_api.service import LangGraphService, dumps, sse_frames, stop_error
+from serving.langgraph_api.service import LangGraphService, dumps, join_events, sse_frames, stop_error
 from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect
 
 __all__ = ["open_router", "router"]
@@ -95,6 +97,12 @@ async def search_assistants(service: ServiceDep, principal: PrincipalDep, body: 
     return _json(service.search_assistants(body or AssistantSearch(), principal))
 
 
+@router.post("/assistants/count", response_model=int)
+async def count_assistants(service: ServiceDep, principal: PrincipalDep, body: AssistantCount | None = None) -> Response:
+    """How many assistants ``/assistants/search`` finds with these filters."""
+    return _json(service.count_assistants(body or AssistantCount(), principal))
+
+
 @router.get("/assistants/{assistant_id}", response_model=Assistant)
 async def get_assistant(assistant_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
     return _json(service.get_assistant(assistant_id, principal))
@@ -108,6 +116,12 @@ async def create_thread(service: ServiceDep, principal: PrincipalDep, body: Thre
 @router.post("/threads/search", response_model=list[Thread])
 async def search_threads(service: ServiceDep, principal: PrincipalDep, body: ThreadSearch | None = None) -> Response:
     return _json(await service.search_threads(body or ThreadSearch(), principal))
+
+
+@router.post("/threads/count", response_model=int)
+async def count_threads(service: ServiceDep, principal: PrincipalDep, body: ThreadCount | None = None) -> Response:
+    """How many of the tenant's threads ``/threads/search`` finds with these filters."""
+    return _json(await service.count_threads(body or ThreadCount(), principal))
 
 
 @router.get("/threads/{thread_id}", response_model=Thread)
@@ -262,9 +276,15 @@ async def join_run_stream(
     principal: PrincipalDep,
     request: Request,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    stream_mode: Annotated[
+        list[str] | None,
+        Query(description="Send only these modes' events (repeat the parameter for several), plus metadata, error and end"),
+    ] = None,
 ) -> EventStream:
     """Join a background or resumable run's stream: the events after
-    ``Last-Event-ID`` (all of them without it), then live ones until the run ends."""
+    ``Last-Event-ID`` (all of them without it), then live ones until the run ends;
+    ``stream_mode`` filters them (event ids stay the run's own)."""
+    events = join_events(stream_mode)
     run = service.run_record(thread_id, run_id, principal)
     if run.frames is None:
         raise ServingError(409, f"run {run_id!r} was not started resumable; its stream cannot be joined")
@@ -274,7 +294,7 @@ async def join_run_stream(
     after = int(value) if value else -1
     server = request.app.state.platform.settings.server
     return EventStream(
-        run.follow(after),
+        run.follow(after, events),
         keepalive_s=server.keepalive_s,
         drain=request.app.state.drain,
         grace_s=server.shutdown_grace_s,

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -30,9 +30,12 @@ from serving.auth import Principal
 from serving.errors import RequestError, ServingError
 from serving.guardrails import OutputGuard, checked_for_reading
 from serving.langgraph_api.protocol import (
+    AssistantCount,
     AssistantSearch,
     RunCommand,
     RunCreate,
+    StreamModeName,
+    ThreadCount,
     ThreadCreate,
     ThreadSearch,
     assistant_uuid,
@@ -40,7 +43,7 @@ from serving.langgraph_api.protocol import (
 from serving.runs import ClientError, RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
-__all__ = ["LangGraphService", "StartedRun", "dumps", "frame", "sse_frames", "stop_error"]
+__all__ = ["LangGraphService", "StartedRun", "dumps", "frame", "join_events", "sse_frames", "stop_error"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,28 @@ log = logging.getLogger(__name__)
 # "messages-tuple", whose events are named "messages" on the wire).
 _LIB_MODE = {"messages-tuple": "messages"}
 _STARTED = datetime.now(UTC).isoformat()
+_JOIN_MODES = {mode: _LIB_MODE.get(mode, mode) for mode in (*get_args(StreamModeName), "messages")}
+"""``stream_mode`` values a joined stream accepts -> the event name they keep
+(``messages`` too: the wire name of ``messages-tuple``)."""
+
+
+def join_events(stream_mode: list[str] | None) -> frozenset[str] | None:
+    """The event names a joined stream keeps for its ``stream_mode`` query parameter
+    (``None``: all of them). Empty values are no filter: ``langgraph-sdk`` sends
+    ``stream_mode=`` when given none.
+
+    Raises:
+        ServingError: 422 naming an unknown mode.
+    """
+    stream_mode = [mode for mode in stream_mode or [] if mode]
+    if not stream_mode:
+        return None
+    unknown = [mode for mode in stream_mode if mode not in _JOIN_MODES]
+    if unknown:
+        raise ServingError(
+            422, f"unknown stream_mode {', '.join(map(repr, unknown))}; one of: {', '.join(_JOIN_MODES)}"
+        )
+    return frozenset(_JOIN_MODES[mode] for mode in stream_mode)
 
 
 def _default(value: Any) -> Any:
@@ -277,6 +302,13 @@ class LangGraphService:
         raise ServingError(404, f"assistant {assistant_id!r} not found; graphs: {', '.join(allowed)}")
 
     def search_assistants(self, query: AssistantSearch, principal: Principal) -> list[dict[str, Any]]:
+        found = self._assistants_matching(query, principal)
+        return found[query.offset : query.offset + query.limit]
+
+    def count_assistants(self, query: AssistantCount, principal: Principal) -> int:
+        return len(self._assistants_matching(query, principal))
+
+    def _assistants_matching(self, query: AssistantSearch | AssistantCount, principal: Principal) -> list[dict[str, Any]]:
         found = [
             self._assistant(entry)
             for entry in self._graphs
@@ -286,7 +318,7 @@ class LangGraphService:
         ]
         if query.metadata:
             found = [a for a in found if all(a["metadata"].get(k) == v for k, v in query.metadata.items())]
-        return found[query.offset : query.offset + query.limit]
+        return found
 
     def get_assistant(self, assistant_id: str, principal: Principal) -> dict[str, Any]:
         return self._assistant(self.resolve(assistant_id, principal))
@@ -348,6 +380,17 @@ class LangGraphService:
             tenant=principal.tenant, metadata=query.metadata, status=query.status, limit=query.limit, offset=query.offset
         )
         return [await self._thread_json(record, principal) for record in records]
+
+    async def count_threads(self, query: ThreadCount, principal: Principal) -> int:
+        """The tenant's threads ``search_threads`` would find, all pages."""
+        total, page = 0, 1000
+        while True:
+            records = await self._threads.search(
+                tenant=principal.tenant, metadata=query.metadata, status=query.status, limit=page, offset=total
+            )
+            total += len(records)
+            if len(records) < page:
+                return total
 
     def _state_json(self, snapshot: StateSnapshot, principal: Principal) -> dict[str, Any]:
         """A state as the reader may see it: its texts checked against the reader's

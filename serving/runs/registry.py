@@ -28,11 +28,24 @@ from typing import Any, Literal
 
 from serving._tasks import RunGuard
 
-__all__ = ["RunRecord", "RunRegistry", "RunStatus"]
+__all__ = ["CONTROL_EVENTS", "RunRecord", "RunRegistry", "RunStatus"]
 
 log = logging.getLogger(__name__)
 
 RunStatus = Literal["pending", "running", "error", "success", "timeout", "interrupted"]
+
+
+CONTROL_EVENTS = frozenset({"metadata", "error", "end"})
+"""Events a joined stream sends whatever its ``stream_mode`` filter."""
+
+
+def _event_mode(frame: str) -> str | None:
+    """The stream mode of an SSE frame: its event name without a subgraph's ``|ns``
+    (``None`` for a comment)."""
+    if not frame.startswith("event: "):
+        return None
+    name = frame[7 : frame.find("\n")]
+    return name.split("|", 1)[0]
 
 
 def _now() -> str:
@@ -114,9 +127,17 @@ class RunRecord:
         self.frames_bytes = 0
         return freed
 
-    async def follow(self, after: int = -1) -> AsyncIterator[str]:
+    async def follow(self, after: int = -1, events: frozenset[str] | None = None) -> AsyncIterator[str]:
         """The frames after event id ``after`` (``-1``: all kept), then new ones as
-        they come, until the run has ended."""
+        they come, until the run has ended.
+
+        Args:
+            after: the last event id the client has.
+            events: send only frames of these event names (a subgraph's ``name|ns``
+                counts as ``name``), plus the control events in ``CONTROL_EVENTS``;
+                ``None`` sends all. Ids stay the run's own, so a filtered client
+                resumes with ``Last-Event-ID`` like any other.
+        """
         assert self.frames is not None
         index = max(after + 1, 0)
         if index < self.dropped:
@@ -124,7 +145,10 @@ class RunRecord:
         while True:
             index = max(index, self.dropped)
             while index - self.dropped < len(self.frames):
-                yield self.frames[index - self.dropped]
+                kept = self.frames[index - self.dropped]
+                mode = _event_mode(kept)
+                if events is None or mode is None or mode in events or mode in CONTROL_EVENTS:
+                    yield kept
                 index += 1
                 index = max(index, self.dropped)
             if self.done:
