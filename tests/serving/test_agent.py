@@ -198,7 +198,7 @@ async def test_the_real_model_runs_the_agent_on_both_apis(agent_server: tuple[Se
     client = get_client(url=server.url, api_key=None)
     try:
         thread = (await client.threads.create())["thread_id"]
-        state = await client.runs.wait(thread, "agent", input={"messages": question}, context={"model_params": {"max_tokens": 64}})
+        state = await client.runs.wait(thread, "agent", input={"messages": question}, context={"model_params": {"max_tokens": 64, "temperature": 0}})
         assert state["messages"][-1]["type"] == "ai" and "steps" not in state
     finally:
         await client.http.client.aclose()
