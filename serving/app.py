@@ -11,15 +11,16 @@ import asyncio
 import gc
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from serving.errors import install_error_handlers
+from serving.errors import UnexpectedErrors, install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
 from serving.audit import AuditLog, load_key
 from serving.auth import Authenticator
@@ -83,6 +84,52 @@ def _cors_origin_regex(server: ServerSettings) -> str | None:
     """The configured origin pattern, plus the local origins in ``dev``."""
     patterns = [p for p in (server.cors_origin_regex, _LOCAL_ORIGINS if server.dev else None) if p]
     return "|".join(f"(?:{p})" for p in patterns) or None
+
+
+def cors_options(server: ServerSettings) -> dict[str, Any] | None:
+    """The CORS middleware's options from the settings (``None``: CORS is off).
+
+    Request headers are not restricted for an allowed origin: the SDKs send their own
+    (the openai client's ``x-stainless-*``), and the key, not the header list, is
+    what authorises a call.
+    """
+    origin_regex = _cors_origin_regex(server)
+    if not (server.cors_origins or origin_regex):
+        return None
+    return {
+        "allow_origins": server.cors_origins,
+        "allow_origin_regex": origin_regex,
+        "allow_credentials": server.cors_allow_credentials,
+        "allow_methods": _CORS_METHODS,
+        "allow_headers": ["*"],
+        "expose_headers": _CORS_EXPOSED,
+    }
+
+
+def cors_refusal_headers(server: ServerSettings) -> Callable[[str], list[tuple[str, str]]] | None:
+    """For the connection limits' refusals (serving/http.py): the CORS headers the
+    middleware would give an actual request from an origin, none for an origin it
+    does not allow (``None``: CORS is off)."""
+    options = cors_options(server)
+    if options is None:
+        return None
+    policy = CORSMiddleware(app=_no_app, **options)
+
+    def headers(origin: str) -> list[tuple[str, str]]:
+        if not policy.is_allowed_origin(origin):
+            return []
+        echoed = not policy.allow_all_origins or policy.allow_credentials
+        return [
+            *((name, value) for name, value in policy.simple_headers.items() if name != "Access-Control-Allow-Origin"),
+            ("Access-Control-Allow-Origin", origin if echoed else "*"),
+            *([("Vary", "Origin")] if echoed else []),
+        ]
+
+    return headers
+
+
+async def _no_app(scope: Any, receive: Any, send: Any) -> None:  # only its origin checks are used
+    raise RuntimeError("not an application")
 
 
 def create_app(settings: Settings, *, platform: Platform | None = None, run_hook: RunHook | None = None) -> FastAPI:
@@ -158,24 +205,16 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
     tracing = open_tracing(settings.tracing)
     if isinstance(tracing, Tracing):
         app.add_middleware(TracingMiddleware, tracing=tracing)  # inside the request id's
-    origin_regex = _cors_origin_regex(settings.server)
-    if settings.server.cors_origins or origin_regex:
+    # Inside CORS and the request id's, so even a 500 (a bug) has both headers.
+    app.add_middleware(UnexpectedErrors)
+    cors = cors_options(settings.server)
+    if cors is not None:
         # Outside the body limit and every route, so a preflight (which carries no key) is
         # answered here, before authentication and rate limits, and a 401, 413 or 429
         # carries the CORS headers the browser needs to show it; inside the request id's,
-        # so a preflight has an id too. Request headers are not restricted for an allowed
-        # origin: the SDKs send their own (the openai client's `x-stainless-*`), and the
-        # key, not the header list, is what authorises a call. The connection limits'
-        # 431 and 408 (serving/http.py) are sent before any middleware, without CORS.
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.server.cors_origins,
-            allow_origin_regex=origin_regex,
-            allow_credentials=settings.server.cors_allow_credentials,
-            allow_methods=_CORS_METHODS,
-            allow_headers=["*"],
-            expose_headers=_CORS_EXPOSED,
-        )
+        # so a preflight has an id too. The connection limits' 431 and 408 are sent
+        # before any middleware: serving/http.py adds the same headers (`cors_refusal_headers`).
+        app.add_middleware(CORSMiddleware, **cors)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so even a 413 has an id
     install_error_handlers(app)
     app.include_router(openai_router)

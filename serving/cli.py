@@ -29,7 +29,7 @@ from graphs.cli import ask, graphs_app
 from knowledge import KnowledgeBase, KnowledgeError, open_knowledge
 from knowledge.cli import ingest, search
 from tools import ToolError
-from serving.app import create_app
+from serving.app import cors_refusal_headers, create_app
 from serving.audit import load_key, parse_anchor, verify
 from serving.auth import create_key, load_keys, revoke_key
 from serving.errors import ServingError
@@ -199,6 +199,7 @@ def serve(
                     max_headers=settings.server.max_headers,
                     header_timeout_s=settings.server.header_timeout_s,
                     body_timeout_s=settings.server.body_timeout_s,
+                    cors_headers=cors_refusal_headers(settings.server),
                 )
             ),
             log_config=None,

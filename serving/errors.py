@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import BackendResponseError, BackendUnavailableError, CapabilityError, GatewayError, UnknownModelError
 from graphs import GraphError, UnknownGraphError
@@ -37,7 +38,15 @@ from serving.threads import ThreadStoreError
 from serving.openai.protocol import ErrorBody, ErrorResponse
 from serving.sse import ClientDisconnectedError
 
-__all__ = ["ApiError", "RequestError", "ServingError", "error_body", "install_error_handlers", "to_api_error"]
+__all__ = [
+    "ApiError",
+    "RequestError",
+    "ServingError",
+    "UnexpectedErrors",
+    "error_body",
+    "install_error_handlers",
+    "to_api_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +196,58 @@ def _allowed_methods(request: Request) -> list[str]:
     return [method for method, params in found.items() if params == fewest]
 
 
+def _scope_request_id(scope: Scope) -> str:
+    return str(scope.get("state", {}).get("request_id", "-"))
+
+
+def _unexpected(request: Request, exc: BaseException) -> JSONResponse:
+    """The 500 answer to an error nothing handled (a bug): logged whole with the request
+    id, the client told only to quote the id."""
+    request_id = _scope_request_id(request.scope)
+    log.error("unhandled error [%s]", request_id, exc_info=exc)
+    error = ApiError(
+        status=500,
+        message=f"internal error; quote request id {request_id} when reporting it",
+        type="internal_error",
+        code="internal_error",
+    )
+    return _response(request, error)
+
+
+class UnexpectedErrors:
+    """Pure ASGI middleware that answers an error escaping the application with the
+    500 JSON error, if no response has started.
+
+    Starlette answers such errors in its outermost middleware, outside every
+    middleware added to the app: that 500 would lack the CORS headers (a browser
+    would report a CORS failure instead of the error) and the request id header.
+    This sits just inside the CORS middleware, so the answer has both. An error after
+    the response started propagates (the server closes the connection).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:  # boundary: an unhandled error is a 500 the client can read
+            if started:
+                raise
+            await _unexpected(Request(scope, receive), exc)(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every error into the OpenAI shape."""
 
@@ -223,18 +284,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return response
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # Runs in Starlette's outermost middleware, outside the request-id middleware:
-        # take the id from the scope, where that middleware left it.
-        request_id = str(request.scope.get("state", {}).get("request_id", "-"))
-        log.error("unhandled error [%s]", request_id, exc_info=exc)
-        error = ApiError(
-            status=500,
-            message=f"internal error; quote request id {request_id} when reporting it",
-            type="internal_error",
-            code="internal_error",
-        )
-        response = _response(request, error)
-        response.headers[REQUEST_ID_HEADER] = request_id
+        # The last resort, in Starlette's outermost middleware, for an error raised in
+        # a middleware outside `UnexpectedErrors`: outside the request-id middleware,
+        # so the id is taken from the scope, where that middleware left it, and set here.
+        response = _unexpected(request, exc)
+        response.headers[REQUEST_ID_HEADER] = _scope_request_id(request.scope)
         return response
 
     async def on_client_gone(request: Request, exc: Exception) -> Response:

@@ -60,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -87,6 +88,11 @@ class ConnectionLimits:
     """Time to send a request's whole body, from the end of its head (408 beyond)."""
     linger_s: float = 1.0
     """After a refusal: how long the client's further bytes are read and dropped."""
+    cors_headers: Callable[[str], list[tuple[str, str]]] | None = None
+    """The CORS headers of an answer to a request from this origin (none for an origin
+    not allowed); ``None``: CORS is off. A refusal here is sent before any middleware,
+    so it adds them itself when the request's ``Origin`` arrived before the refusal:
+    a browser app then reads the 431 or 408 instead of reporting a CORS failure."""
 
 
 _MIN_PIECE = 8192
@@ -331,6 +337,17 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 return
         self._refuse(status, reason, force=True)
 
+    def _cors_headers(self) -> list[tuple[bytes, bytes]]:
+        """The refused request's CORS headers, if its ``Origin`` is known and allowed."""
+        if self.limits.cors_headers is None or not self.headers:
+            return []
+        origin = next((value for name, value in self.headers if name == b"origin"), None)
+        if origin is None:
+            return []
+        # The parser has checked the value's characters; only an allowed origin is echoed.
+        pairs = self.limits.cors_headers(origin.decode("latin-1"))
+        return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in pairs]
+
     def _refuse(self, status: int, reason: str, *, force: bool = False) -> None:
         """Answer ``status`` and close (after lingering), unless a response to an
         earlier request on this connection is still being written: then just close."""
@@ -344,7 +361,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         body = reason.encode("ascii", "replace")
         head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode()]
-        for name, value in self.server_state.default_headers:
+        for name, value in [*self.server_state.default_headers, *self._cors_headers()]:
             head.extend([name, b": ", value, b"\r\n"])
         head.append(
             b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)

@@ -7,6 +7,7 @@ headers a browser needs to read them. ``--dev`` also allows the local origins.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,9 +36,9 @@ def _config(tmp: Path, fake_backend_url: str, server: dict[str, object]) -> dict
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -> Iterator[tuple[ServerHandle, str]]:
-    """Keys on; one allowed origin."""
+    """Keys on; one allowed origin; a body must arrive within 1 s."""
     tmp = tmp_path_factory.mktemp("cors")
-    config = _config(tmp, fake_backend_url, {"cors_origins": [ALLOWED]})
+    config = _config(tmp, fake_backend_url, {"cors_origins": [ALLOWED], "body_timeout_s": 1})
     config_file = tmp / "switchyard.yaml"
     config_file.write_text(yaml.safe_dump({"data_dir": str(tmp / "data"), **config}))
     key = create_key(config_file, "acme")
@@ -134,3 +135,58 @@ def test_wildcard_with_credentials_is_refused_at_start(tmp_path: Path, fake_back
         server = start_server(tmp_path, config, dev=True, wait_ready=False)
         stop_server(server)  # not reached when refused
     assert "cors_origins '*' cannot be combined with cors_allow_credentials" in str(error.value)
+
+
+def _raw(url: str, request: bytes, wait_s: float = 0) -> bytes:
+    """Send ``request`` as is on a new connection; the answer's head."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    return answer.split(b"\r\n\r\n")[0].lower()
+
+
+@pytest.mark.parametrize("origin", [ALLOWED, OTHER])
+def test_the_connection_limits_refusals_carry_the_cors_headers(secured: tuple[ServerHandle, str], origin: str) -> None:
+    """431 (too many header fields) and 408 (a body that does not arrive) are answered
+    before any middleware; an allowed origin can still read them."""
+    server, key = secured
+    many = b"".join(b"x-filler-%d: 1\r\n" % i for i in range(150))
+    head = b"POST /threads HTTP/1.1\r\nhost: x\r\norigin: %s\r\nx-api-key: %s\r\n" % (origin.encode(), key.encode())
+    too_many = _raw(server.url, head + many + b"\r\n")
+    slow_body = _raw(server.url, head + b"content-type: application/json\r\ncontent-length: 10\r\n\r\n{")
+    assert too_many.startswith(b"http/1.1 431") and slow_body.startswith(b"http/1.1 408")
+    for answer in (too_many, slow_body):
+        if origin == ALLOWED:
+            assert b"access-control-allow-origin: " + ALLOWED.encode() in answer
+            assert b"access-control-expose-headers: " in answer and b"vary: origin" in answer
+        else:
+            assert b"access-control-allow-origin" not in answer
+
+
+async def test_an_unexpected_error_is_a_500_a_browser_can_read(tmp_path: Path, fake_backend_url: str) -> None:
+    """A bug's 500 passes through the CORS and request-id middleware (Starlette's own
+    last-resort answer is outside both)."""
+    from serving.app import create_app
+    from serving.settings import load_settings
+
+    config = tmp_path / "switchyard.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), **_config(tmp_path, fake_backend_url, {"cors_origins": [ALLOWED]})}))
+    app = create_app(load_settings(config))
+
+    async def boom() -> None:
+        raise RuntimeError("secret detail of a bug")
+
+    app.add_api_route("/boom", boom)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.get("/boom", headers={"Origin": ALLOWED, "x-request-id": "req-500"})
+    assert response.status_code == 500
+    assert response.headers["access-control-allow-origin"] == ALLOWED
+    assert response.headers.get_list("x-request-id") == ["req-500"]
+    assert "secret detail" not in response.text and "req-500" in response.text
