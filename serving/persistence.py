@@ -5,7 +5,8 @@ PostgreSQL when ``threads.postgres_dsn`` is set. Either way a thread survives a 
 and the checkpointer and the thread store share one way in: on SQLite one connection
 and one writer (`serving.threads.SqliteWriter`; the module docstring of
 `serving.threads` says why two connections broke under load), on PostgreSQL one pool.
-At start, threads a crashed server left ``busy`` are made ``idle`` again.
+At start, threads a crashed server left ``busy`` are made ``idle`` again. The LangGraph
+store (`serving.store`) lives in the same database and goes the same way in.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 from pydantic import BaseModel, ConfigDict, Field
 
+from serving.store import StoreBackend, open_postgres_store, open_sqlite_store
 from serving.threads import PostgresThreadStore, PostgresWorkers, SqliteThreadStore, SqliteWriter, ThreadStore
 
 __all__ = ["ThreadSettings", "ThreadStores", "open_thread_stores"]
@@ -64,10 +66,12 @@ class ThreadSettings(BaseModel):
 
 @dataclass(slots=True, kw_only=True)
 class ThreadStores:
-    """The open checkpointer and thread store; close both with `aclose`."""
+    """The open checkpointer, thread store and store; close them with `aclose`."""
 
     checkpointer: BaseCheckpointSaver[Any]
     threads: ThreadStore
+    store: StoreBackend
+    """The LangGraph store (``/store/*``), on the same connection or pool."""
     backend: str
     """``sqlite`` or ``postgres``."""
     recovered: int = 0
@@ -75,6 +79,7 @@ class ThreadStores:
     _close: Callable[[], Awaitable[None]]
 
     async def aclose(self) -> None:
+        await self.store.aclose()
         await self.threads.close()
         await self._close()
 
@@ -205,10 +210,11 @@ async def open_thread_stores(settings: ThreadSettings, data_dir: Any) -> ThreadS
             saver = _SqliteSaver(writer)
             await saver.asetup()
             threads: ThreadStore = await SqliteThreadStore.open(writer)
+            store = await open_sqlite_store(writer)
         except BaseException:
             await writer.close()
             raise
-        stores = ThreadStores(checkpointer=saver, threads=threads, backend="sqlite", _close=writer.close)
+        stores = ThreadStores(checkpointer=saver, threads=threads, store=store, backend="sqlite", _close=writer.close)
     try:
         stores.recovered = await stores.threads.recover()
     except BaseException:
@@ -260,7 +266,10 @@ async def _open_postgres(settings: ThreadSettings) -> ThreadStores:
     try:
         checkpointer = _postgres_saver(workers)
         threads = await PostgresThreadStore.open(workers)
+        store = await open_postgres_store(workers, dsn)
     except BaseException:
         await workers.close()
         raise
-    return ThreadStores(checkpointer=checkpointer, threads=threads, backend="postgres", _close=workers.close)
+    return ThreadStores(
+        checkpointer=checkpointer, threads=threads, store=store, backend="postgres", _close=workers.close
+    )
