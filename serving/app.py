@@ -30,6 +30,8 @@ from serving.deps import require_key
 from serving.langgraph_api.router import open_router as langgraph_open_router
 from serving.langgraph_api.router import router as langgraph_router
 from serving.langgraph_api.service import LangGraphService
+from serving.langgraph_api.store import StoreService
+from serving.langgraph_api.store import router as store_router
 from serving.knowledge_api.router import router as knowledge_router
 from serving.openai.router import router as openai_router
 from serving.openai.service import ChatCompletionService
@@ -163,6 +165,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings.threads, settings.data_dir)
         app.state.thread_stores = stores
+        app.state.store_service = StoreService(stores.store)
         server = settings.server
         runs = RunRegistry(replay_bytes=server.replay_max_bytes, finished_replay_bytes=server.replay_total_bytes)
         host = app.state.run_host = RunHost(
@@ -221,6 +224,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
     app.include_router(knowledge_router)
     app.include_router(langgraph_router)
     app.include_router(langgraph_open_router)
+    app.include_router(store_router)
 
     if not public_docs:
 
