@@ -112,23 +112,56 @@ def new(
     typer.echo(f"Then: switchyard ask {name} \"Hello\"   and   pytest {test}")
 
 
-def _approve(request: Any) -> Any:
-    """Ask the person at the terminal to answer a tool approval (or any interrupt)."""
-    if not (isinstance(request, dict) and request.get("type") == "tool_approval"):
-        return typer.prompt(f"\nThe graph asks: {request!r}\nyour answer")
-    args = json.dumps(request.get("args"), ensure_ascii=False)
-    typer.echo(f"\nThe model wants to call {request.get('tool')}({args}).", err=True)
-    choice = typer.prompt("[a]pprove, [e]dit the arguments, or [r]eject?", default="a", err=True).strip().lower()
-    if choice.startswith("e"):
-        edited = typer.prompt("arguments (JSON)", default=args, err=True)
+def _human_interrupt(value: Any) -> dict[str, Any] | None:
+    """The ``HumanInterrupt`` in an interrupt value (itself, or a list of one), if any."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, dict) and isinstance(value.get("action_request"), dict) and isinstance(value.get("config"), dict):
+        return value
+    return None
+
+
+def _approve(value: Any) -> Any:
+    """Ask the person at the terminal to answer an interrupt: a ``HumanInterrupt``
+    (a tool approval) gets a list of one ``HumanResponse``; any other value, the text
+    typed."""
+    request = _human_interrupt(value)
+    if request is None:
+        return typer.prompt(f"\nThe graph asks: {value!r}\nyour answer")
+    tool = str(request["action_request"].get("action"))
+    args = json.dumps(request["action_request"].get("args"), ensure_ascii=False)
+    typer.echo(f"\nThe model wants to call {tool}({args}).", err=True)
+    config = request["config"]
+    offered = {
+        key: label
+        for key, label, allowed in (
+            ("a", "[a]ccept", config.get("allow_accept")),
+            ("e", "[e]dit the arguments", config.get("allow_edit")),
+            ("r", "[r]espond instead", config.get("allow_respond")),
+            ("i", "[i]gnore", config.get("allow_ignore")),
+        )
+        if allowed
+    }
+    if not offered:
+        raise GraphError(f"the approval of {tool} allows no answer")
+    choice = ""
+    while choice not in offered:
+        choice = typer.prompt(", ".join(offered.values()) + "?", default=next(iter(offered)), err=True).strip().lower()[:1]
+    if choice == "e":
+        edited = typer.prompt("arguments (JSON object)", default=args, err=True)
         try:
-            return {"action": "edit", "args": json.loads(edited)}
+            new_args = json.loads(edited)
         except ValueError:
-            typer.echo("not valid JSON: the call is rejected", err=True)
-            return {"action": "reject", "reason": "the edited arguments were not valid JSON"}
-    if choice.startswith("r"):
-        return {"action": "reject", "reason": typer.prompt("why", default="rejected at the terminal", err=True)}
-    return {"action": "approve"}
+            new_args = None
+        if not isinstance(new_args, dict):
+            typer.echo("not a JSON object: the call is declined", err=True)
+            return [{"type": "response", "args": "the edited arguments were not a JSON object"}]
+        return [{"type": "edit", "args": {"action": tool, "args": new_args}}]
+    if choice == "r":
+        return [{"type": "response", "args": typer.prompt("your message to the model", default="declined at the terminal", err=True)}]
+    if choice == "i":
+        return [{"type": "ignore", "args": None}]
+    return [{"type": "accept", "args": None}]
 
 
 def ask(

@@ -11,32 +11,14 @@ from langchain_core.messages.utils import message_chunk_to_message
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
+from graphs.agent.approvals import Approval, approval_request, parse_approval
 from graphs.agent.prompts import system_prompt
 from graphs.agent.state import MODEL, OUT_OF_STEPS, AgentState
 from graphs.context import RunContext
 from graphs.guards import checked
 from tools import ToolContext, ToolExecutor, ToolPolicy, ToolRegistry
 
-__all__ = ["AgentNodes", "parse_approval"]
-
-
-def parse_approval(answer: Any) -> tuple[str, Any]:
-    """A person's answer to an approval: ``("approve", None)``, ``("edit", new args)``
-    or ``("reject", reason)``. Accepts ``{"action": ...}`` objects, or ``"approve"`` /
-    ``"reject"`` / booleans; anything else is a rejection that says so."""
-    if answer is True or answer in ("approve", "approved", "yes"):
-        return "approve", None
-    if answer is False or answer in ("reject", "rejected", "no"):
-        return "reject", "a person rejected this call"
-    if isinstance(answer, dict):
-        action = answer.get("action")
-        if action == "approve":
-            return "approve", None
-        if action == "edit" and isinstance(answer.get("args"), dict):
-            return "edit", answer["args"]
-        if action == "reject":
-            return "reject", f"a person rejected this call: {answer.get('reason') or 'no reason given'}"
-    return "reject", f"the approval answer {answer!r} was not understood, so the call was not made"
+__all__ = ["AgentNodes"]
 
 
 def _strict(full: Any) -> AIMessage:
@@ -123,14 +105,17 @@ class AgentNodes:
         assert isinstance(last, AIMessage)
         # Approvals come first, before anything runs: a resumed node starts over, so
         # nothing may have been executed before an interrupt.
-        answers: dict[str, tuple[str, Any]] = {}
+        # One interrupt per call, in order: a resumed node gets its answers back in
+        # that order, so nothing a client echoes (a tool_call_id) is needed to match them.
+        answers: dict[str, Approval] = {}
         for call in last.tool_calls:
             if executor.needs_approval(call["name"]) and context.approvals:
-                if executor.check(call["name"], call["args"])[2] is None:
-                    answer = interrupt(
-                        {"type": "tool_approval", "tool": call["name"], "args": call["args"], "tool_call_id": call["id"]}
+                tool, _, refusal = executor.check(call["name"], call["args"])
+                if refusal is None and tool is not None:
+                    request = approval_request(
+                        tool=call["name"], args=call["args"], call_id=call["id"] or "", tool_description=tool.description
                     )
-                    answers[call["id"] or ""] = parse_approval(answer)
+                    answers[call["id"] or ""] = parse_approval(interrupt(request), call["name"])
         results: list[ToolMessage] = []
         for bad in last.invalid_tool_calls:
             executor.calls_made += 1
@@ -143,13 +128,13 @@ class AgentNodes:
                 reason = executor.check(name, args)[2] or f"{name!r} needs a person's approval, which this run cannot ask for"
                 results.append(executor.refuse(call_id, name, args, reason))
                 continue
-            action, detail = answers.get(call_id, ("approve", None))
-            if action == "reject":
+            approval = answers.get(call_id)
+            if approval is not None and not approval.run:
                 executor.calls_made += 1
-                results.append(executor.refuse(call_id, name, args, str(detail)))
+                results.append(executor.refuse(call_id, name, args, approval.reason))
                 continue
-            if action == "edit":
-                args = detail
+            if approval is not None and approval.args is not None:
+                args = approval.args  # checked by the executor like the model's
             results.append(await executor.run(call_id, name, args))
         # Counted in the run's budget after each node (a resumed node starts over, and
         # the calls before its interrupt were not made).

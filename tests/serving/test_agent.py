@@ -19,10 +19,12 @@ import pytest
 import yaml
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import ConflictError
+from langgraph_sdk.schema import Command
 
 from gateway import Backend
 from tests.conftest import ServerHandle, start_server, stop_server, write_models_file
 from tests.fakes.graphs import PROBE_LOG_ENV
+from tests.fakes.openai_backend import RECEIVED
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llm]
 
@@ -158,30 +160,102 @@ def test_the_stream_shows_calls_and_results(agent_server: tuple[ServerHandle, Pa
     assert text == "Hello from the fake" and chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-async def test_approvals_pause_and_resume_on_a_thread(agent_server: tuple[ServerHandle, Path]) -> None:
+PROBE_INPUT = {"messages": [{"role": "user", "content": "SCRIPT:probe"}]}
+
+
+def _counts(probe_log: Path) -> dict[str, int]:
+    text = probe_log.read_text()
+    return {line: text.count(line) for line in ("probe hello", "probe edited", "tally")}
+
+
+async def test_an_approval_is_a_human_interrupt_in_the_stream_and_the_state(agent_server: tuple[ServerHandle, Path]) -> None:
+    """Issue 12: Agent Chat UI and Agent Inbox show their buttons for a ``HumanInterrupt``
+    and resume with a list of ``HumanResponse``."""
     server, probe_log = agent_server
     client = get_client(url=server.url, api_key=None)
     try:
-        for answer, ran in (({"action": "approve"}, True), ({"action": "reject", "reason": "not today"}, False)):
-            before = probe_log.read_text().count("probe hello")
-            thread = (await client.threads.create())["thread_id"]
-            paused = await client.runs.wait(thread, "agent-fake", input={"messages": [{"role": "user", "content": "SCRIPT:probe"}]})
-            [pending] = paused["__interrupt__"]
-            assert pending["value"]["type"] == "tool_approval" and pending["value"]["tool"] == "probe"
-            assert pending["value"]["args"] == {"note": "hello"}
-            assert (await client.threads.get(thread))["status"] == "interrupted"
-            assert probe_log.read_text().count("probe hello") == before  # nothing runs before the answer
-            done = await client.runs.wait(thread, "agent-fake", command={"resume": answer})
-            assert done["messages"][-1]["content"] == "Hello from the fake"
-            assert probe_log.read_text().count("probe hello") == before + (1 if ran else 0)
-            tool_message = [m for m in done["messages"] if m["type"] == "tool"][-1]
-            assert ("probe saw 'hello'" in tool_message["content"]) is ran
-            if not ran:
-                assert "not today" in tool_message["content"]
-            with pytest.raises((ConflictError, httpx.HTTPStatusError)) as again:  # the interrupt was answered already
-                await client.runs.wait(thread, "agent-fake", command={"resume": {"action": "approve"}})
-            assert "409" in str(again.value) or isinstance(again.value, ConflictError)
-            assert probe_log.read_text().count("probe hello") == before + (1 if ran else 0)
+        before = _counts(probe_log)
+        thread = (await client.threads.create())["thread_id"]
+        parts = [p async for p in client.runs.stream(thread, "agent-fake", input=PROBE_INPUT, stream_mode=["updates", "values"])]
+        pending = next(p.data["__interrupt__"] for p in parts if p.event == "updates" and "__interrupt__" in p.data)
+        [interrupt] = pending
+        value = interrupt["value"]
+        assert value["action_request"] == {"action": "probe", "args": {"note": "hello"}}
+        assert value["config"] == {"allow_accept": True, "allow_edit": True, "allow_respond": True, "allow_ignore": True}
+        assert "Records a note." in value["description"] and value["tool_call_id"] in value["description"]
+        assert value["action_requests"][0]["name"] == "probe" and value["review_configs"][0]["action_name"] == "probe"
+        assert "type" not in value  # not the old {"type": "tool_approval"} shape
+        assert [p for p in parts if p.event == "values"][-1].data["__interrupt__"] == pending
+        state = await client.threads.get_state(thread)
+        assert state["interrupts"] == pending and state["tasks"][0]["interrupts"] == pending
+        assert state["next"] == ["tools"]
+        assert (await client.threads.get(thread))["status"] == "interrupted"
+        assert _counts(probe_log) == before  # nothing runs before the answer
+
+        done = await client.runs.wait(thread, "agent-fake", command=Command(resume=[{"type": "accept", "args": None}]))
+        assert done["messages"][-1]["content"] == "Hello from the fake"
+        tool_message = [m for m in done["messages"] if m["type"] == "tool"][-1]
+        assert tool_message["content"] == "probe saw 'hello'"
+        assert tool_message["tool_call_id"] == value["tool_call_id"]
+        assert _counts(probe_log) == {**before, "probe hello": before["probe hello"] + 1}
+        assert (await client.threads.get(thread))["status"] == "idle"
+        with pytest.raises((ConflictError, httpx.HTTPStatusError)) as again:  # the interrupt was answered already
+            await client.runs.wait(thread, "agent-fake", command=Command(resume=[{"type": "accept", "args": None}]))
+        assert "409" in str(again.value) or isinstance(again.value, ConflictError)
+        assert _counts(probe_log)["probe hello"] == before["probe hello"] + 1
+    finally:
+        await client.http.client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("answer", "ran", "told"),
+    [
+        ([{"type": "accept", "args": None}], "probe hello", "probe saw 'hello'"),
+        ({"type": "accept", "args": None}, "probe hello", "probe saw 'hello'"),
+        ([{"type": "edit", "args": {"action": "probe", "args": {"note": "edited"}}}], "probe edited", "probe saw 'edited'"),
+        ([{"type": "edit", "args": {"action": "tally", "args": {"note": "x"}}}], None, "asked for tool 'tally' instead of 'probe'"),
+        ([{"type": "edit", "args": {"action": "probe", "args": {"note": 42}}}], None, "invalid arguments for 'probe'"),
+        ([{"type": "response", "args": "use the calculator instead"}], None, "a person declined this call and said: use the calculator instead"),
+        ([{"type": "ignore", "args": None}], None, "a person chose to skip this call"),
+        ([{"type": "edit", "args": "note=edited"}], None, "was not understood"),
+        ({"decisions": [{"type": "approve"}]}, "probe hello", "probe saw 'hello'"),
+        ({"decisions": [{"type": "reject", "message": "not today"}]}, None, "said: not today"),
+        ({"action": "approve"}, "probe hello", "probe saw 'hello'"),
+        ({"action": "edit", "args": {"note": "edited"}}, "probe edited", "probe saw 'edited'"),
+        ({"action": "reject", "reason": "not today"}, None, "a person rejected this call: not today"),
+        ("approve", "probe hello", "probe saw 'hello'"),
+        (False, None, "a person rejected this call"),
+    ],
+    ids=["accept", "accept-object", "edit", "edit-other-tool", "edit-bad-args", "response", "ignore", "malformed",
+         "decisions-approve", "decisions-reject", "legacy-approve", "legacy-edit", "legacy-reject", "string", "false"],
+)
+async def test_every_answer_to_an_approval(
+    agent_server: tuple[ServerHandle, Path], answer: Any, ran: str | None, told: str
+) -> None:
+    """Each answer runs the call once (as made, or with the edited arguments, checked
+    like any others) or not at all, and the model's next turn sees what happened."""
+    server, probe_log = agent_server
+    client = get_client(url=server.url, api_key=None)
+    try:
+        before = _counts(probe_log)
+        thread = (await client.threads.create())["thread_id"]
+        paused = await client.runs.wait(thread, "agent-fake", input=PROBE_INPUT)
+        [pending] = paused["__interrupt__"]
+        assert pending["value"]["action_request"]["action"] == "probe"
+        received = len(RECEIVED)
+        done = await client.runs.wait(thread, "agent-fake", command=Command(resume=answer))
+        assert done["messages"][-1]["content"] == "Hello from the fake"
+        expected = dict(before)
+        if ran is not None:
+            expected[ran] += 1
+        assert _counts(probe_log) == expected  # ran once, or not at all; never another tool
+        tool_message = [m for m in done["messages"] if m["type"] == "tool"][-1]
+        assert told in tool_message["content"]
+        assert tool_message["status"] == ("success" if ran else "error")
+        # The model's next turn got the tool message.
+        [turn] = [b for b in RECEIVED[received:] if b.get("model") == "fake-tools"]
+        messages: list[dict[str, Any]] = turn["messages"]  # type: ignore[assignment]
+        assert told in messages[-1]["content"] and messages[-1]["role"] == "tool"
     finally:
         await client.http.client.aclose()
 
@@ -205,8 +279,9 @@ async def test_the_real_model_runs_the_agent_on_both_apis(agent_server: tuple[Se
 
 
 def test_the_cli_asks_for_approval(agent_server: tuple[ServerHandle, Path]) -> None:
-    """``switchyard ask`` pauses on an approval and reads the answer at the terminal
-    (here, piped); it runs beside the server that holds the data directory's stores."""
+    """``switchyard ask`` pauses on an approval, shows the ``HumanInterrupt`` and answers
+    with a ``HumanResponse`` read at the terminal (here, piped); it runs beside the
+    server that holds the data directory's stores."""
     import os
     import subprocess
 
@@ -214,13 +289,20 @@ def test_the_cli_asks_for_approval(agent_server: tuple[ServerHandle, Path]) -> N
 
     server, probe_log = agent_server
     env = {**os.environ, PROBE_LOG_ENV: str(probe_log)}
-    for answer, runs in (("a\n", 1), ("r\nnot now\n", 0)):
-        before = probe_log.read_text().count("probe hello")
+    for answer, ran in (("a\n", "probe hello"), ("r\nnot now\n", None), ("i\n", None),
+                        ('e\n{"note": "edited"}\n', "probe edited")):
+        before = _counts(probe_log)
         done = subprocess.run(
             [str(SWITCHYARD), "--config", str(server.config), "ask", "agent-fake", "SCRIPT:probe"],
             input=answer, capture_output=True, text=True, cwd=REPO, env=env, timeout=120, check=False,
         )
         assert done.returncode == 0, done.stderr
         assert 'The model wants to call probe({"note": "hello"})' in done.stderr
+        assert "[a]ccept, [e]dit the arguments, [r]espond instead, [i]gnore?" in done.stderr
         assert "Hello from the fake" in done.stdout
-        assert probe_log.read_text().count("probe hello") == before + runs
+        expected = dict(before)
+        if ran is not None:
+            expected[ran] += 1
+        assert _counts(probe_log) == expected
+        if answer.startswith("r"):
+            assert "a person declined this call and said: not now" in done.stderr  # the tool result line
