@@ -28,6 +28,7 @@ from serving.guardrails import Guardrails
 from serving.limits import BodySizeLimit, RateLimiter, RunSlots
 from serving.deps import require_key
 from serving.langgraph_api.router import open_router as langgraph_open_router
+from serving.langgraph_api.assistants import router as langgraph_assistants_router
 from serving.langgraph_api.router import router as langgraph_router
 from serving.langgraph_api.service import LangGraphService
 from serving.langgraph_api.store import StoreService
@@ -223,6 +224,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
     app.include_router(openai_router)
     app.include_router(knowledge_router)
     app.include_router(langgraph_router)
+    app.include_router(langgraph_assistants_router)
     app.include_router(langgraph_open_router)
     app.include_router(store_router)
 
