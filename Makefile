@@ -12,7 +12,7 @@ STAMP := $(VENV)/.switchyard-installed
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: install postgres serve test test-fast lint clean
+.PHONY: install postgres node serve test test-fast lint clean
 
 install: $(STAMP)
 
@@ -37,7 +37,27 @@ postgres:
 		echo "Installing PostgreSQL (Debian package) for the tests..."; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
-test: install postgres
+# The JavaScript SDK's tests (tests/js, run by tests/serving/test_js_sdk.py) need Node.js
+# 20 or newer and npm: Debian's packages are installed when `node` or `npm` is missing
+# (bookworm's nodejs is 18, too old for the pinned @langchain/langgraph-sdk: the check
+# below says so), then `npm ci` installs the locked SDK into tests/js/node_modules.
+NODE_MAJOR := 20
+JS_STAMP := tests/js/node_modules/.package-lock.json
+
+node: $(JS_STAMP)
+
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json
+	@{ command -v node && command -v npm; } >/dev/null 2>&1 || { \
+		echo "Installing Node.js and npm (Debian packages) for the JavaScript SDK tests..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= $(NODE_MAJOR) ? 0 : 1)' || { \
+		echo "Node.js $$(node --version) is too old: the tests' @langchain/langgraph-sdk needs Node.js $(NODE_MAJOR) or newer."; \
+		echo "Debian bookworm ships 18; install $(NODE_MAJOR)+ from https://deb.nodesource.com (or use a newer Debian), then run make test again."; \
+		exit 1; }
+	cd tests/js && npm ci --prefer-offline --no-audit --no-fund
+	touch $(JS_STAMP)
+
+test: install postgres node
 	$(BIN)/python -m pytest
 
 # Only the tests that need no local service.
