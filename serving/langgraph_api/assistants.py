@@ -293,23 +293,24 @@ async def set_latest_assistant_version(
     return _json(assistant)
 
 
-_NOT_ALLOWED = {405: {"description": "Assistants are the registered graphs: not created, changed or deleted here"}}
+# Refusals, not operations: left out of the API description (which lists what works).
+_NOT_ALLOWED: dict[str, Any] = {"status_code": 405, "response_model": None, "include_in_schema": False}
 
 
-@router.post("/assistants", status_code=405, response_model=None, responses=_NOT_ALLOWED)
+@router.post("/assistants", **_NOT_ALLOWED)
 async def create_assistant() -> Response:
     """Refused: assistants come from the server's config (the detail says how)."""
     return _read_only("")
 
 
-@router.patch("/assistants/{assistant_id}", status_code=405, response_model=None, responses=_NOT_ALLOWED)
+@router.patch("/assistants/{assistant_id}", **_NOT_ALLOWED)
 async def update_assistant(assistant_id: AssistantIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
     """Refused (after the 404/403 of an assistant the caller cannot see or use)."""
     service.resolve(assistant_id, principal)
     return _read_only("GET")
 
 
-@router.delete("/assistants/{assistant_id}", status_code=405, response_model=None, responses=_NOT_ALLOWED)
+@router.delete("/assistants/{assistant_id}", **_NOT_ALLOWED)
 async def delete_assistant(assistant_id: AssistantIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
     """Refused (after the 404/403 of an assistant the caller cannot see or use)."""
     service.resolve(assistant_id, principal)
