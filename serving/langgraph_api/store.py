@@ -43,6 +43,9 @@ from serving.store import StoreBackend, TenantStore
 
 __all__ = [
     "ListNamespaces",
+    "ListNamespacesResponse",
+    "SearchItemsResponse",
+    "StoreItem",
     "SearchItems",
     "StoreDelete",
     "StorePut",
@@ -168,6 +171,31 @@ class ListNamespaces(_StoreRequest):
     offset: int = Field(default=0, ge=0, le=_MAX_OFFSET)
 
 
+class StoreItem(BaseModel):
+    """An item (``langgraph_sdk.schema.Item``; ``score`` on search results only)."""
+
+    namespace: list[str]
+    key: str
+    value: dict[str, Any]
+    created_at: str
+    """ISO 8601, with the zone."""
+    updated_at: str
+    score: float | None = None
+    """Search results: the relevance of a semantic search, else ``null``."""
+
+
+class SearchItemsResponse(BaseModel):
+    """``POST /store/items/search``."""
+
+    items: list[StoreItem]
+
+
+class ListNamespacesResponse(BaseModel):
+    """``POST /store/namespaces``."""
+
+    namespaces: list[list[str]]
+
+
 def _timestamp(value: datetime) -> str:
     # SQLite keeps UTC without a zone; PostgreSQL returns it with one.
     return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
@@ -290,7 +318,7 @@ async def put_item(body: StorePut, service: StoreServiceDep, principal: Principa
     return Response(status_code=204)
 
 
-@router.get("/store/items")
+@router.get("/store/items", response_model=StoreItem | None)
 async def get_item(
     service: StoreServiceDep,
     principal: PrincipalDep,
@@ -309,13 +337,13 @@ async def delete_item(body: StoreDelete, service: StoreServiceDep, principal: Pr
     return Response(status_code=204)
 
 
-@router.post("/store/items/search")
+@router.post("/store/items/search", response_model=SearchItemsResponse)
 async def search_items(service: StoreServiceDep, principal: PrincipalDep, body: SearchItems | None = None) -> Response:
     """Items under a namespace prefix, filtered by value fields, newest first."""
     return _json(await service.search_items(body or SearchItems(), principal))
 
 
-@router.post("/store/namespaces")
+@router.post("/store/namespaces", response_model=ListNamespacesResponse)
 async def list_namespaces(service: StoreServiceDep, principal: PrincipalDep, body: ListNamespaces | None = None) -> Response:
     """The caller's namespaces, optionally by prefix, suffix and depth."""
     return _json(await service.list_namespaces(body or ListNamespaces(), principal))
