@@ -140,6 +140,13 @@ class _UnitSaver:
     async def adelete_thread(self, thread_id: str) -> None:
         await self._unit("checkpoint delete", lambda: self.delete_thread(thread_id), write=True)  # type: ignore[attr-defined]
 
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint of a thread (all namespaces, with their blobs and
+        pending writes) to a thread that has none, in one transaction: the target has
+        all of them or none."""
+        copy = self.copy_thread  # type: ignore[attr-defined]
+        await self._unit("checkpoint copy", lambda: copy(source_thread_id, target_thread_id), write=True)
+
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, Any]:
@@ -149,6 +156,30 @@ class _UnitSaver:
 
 _LIST_PAGE = 16
 """Checkpoints read per unit by `_UnitSaver.alist`."""
+
+_SQLITE_COPY_CHECKPOINTS = """
+INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+SELECT ?, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+FROM checkpoints WHERE thread_id = ?
+"""
+_SQLITE_COPY_WRITES = """
+INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
+SELECT ?, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
+FROM writes WHERE thread_id = ?
+"""
+_POSTGRES_COPY = (
+    """INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
+    SELECT %s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+    FROM checkpoints WHERE thread_id = %s""",
+    """INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT %s, checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs WHERE thread_id = %s""",
+    """INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+    SELECT %s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
+    FROM checkpoint_writes WHERE thread_id = %s""",
+)
+"""A thread's checkpoint rows copied to another thread id (the tables of the installed
+``langgraph-checkpoint-sqlite`` / ``-postgres``; `tests/contracts/test_checkpoint_copy.py`
+runs them)."""
 
 
 class _SqliteSaver(_UnitSaver, SqliteSaver):
@@ -173,6 +204,13 @@ class _SqliteSaver(_UnitSaver, SqliteSaver):
         finally:
             cursor.close()
 
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        # The library's savers leave copy_thread to subclasses; ours is one unit (one
+        # transaction on the writer), rows copied as stored.
+        with self.cursor() as cursor:
+            cursor.execute(_SQLITE_COPY_CHECKPOINTS, (target_thread_id, source_thread_id))
+            cursor.execute(_SQLITE_COPY_WRITES, (target_thread_id, source_thread_id))
+
     async def asetup(self) -> None:
         """Create the tables if needed (once, at open)."""
         await self._writer.read("checkpoint setup", lambda _db: self.setup())
@@ -193,6 +231,12 @@ def _postgres_saver(workers: PostgresWorkers) -> BaseCheckpointSaver[Any]:
 
         async def _unit(self, operation: str, work: Callable[[], T], *, write: bool) -> T:
             return await workers.run(operation, work)
+
+        def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+            # One transaction (the pool's connections are in autocommit mode otherwise).
+            with self.conn.connection() as connection, connection.transaction():  # type: ignore[union-attr]
+                for statement in _POSTGRES_COPY:
+                    connection.execute(statement, (target_thread_id, source_thread_id))
 
     return _PostgresSaver()
 

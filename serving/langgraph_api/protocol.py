@@ -20,11 +20,16 @@ __all__ = [
     "AssistantSearch",
     "HistoryRequest",
     "RunCommand",
+    "RunBatchItem",
     "RunConfig",
     "RunCreate",
+    "StateCheckpointRequest",
+    "StatePatch",
+    "StateUpdate",
     "StreamModeName",
     "ThreadCount",
     "ThreadCreate",
+    "ThreadPatch",
     "ThreadSearch",
     "assistant_uuid",
 ]
@@ -169,6 +174,58 @@ class RunCreate(_Request):
         """The requested stream modes, de-duplicated, ``values`` when none."""
         requested = [self.stream_mode] if isinstance(self.stream_mode, str) else list(self.stream_mode)
         return list(dict.fromkeys(requested)) or ["values"]
+
+
+class RunBatchItem(RunCreate):
+    """One run of ``POST /runs/batch``: a run body, on ``thread_id`` if given (else
+    stateless)."""
+
+    thread_id: ThreadId | None = None
+
+
+MAX_BATCH = 100
+"""The most runs one ``POST /runs/batch`` starts."""
+
+
+class ThreadPatch(_Request):
+    """``PATCH /threads/{id}``."""
+
+    metadata: dict[str, Any] | None = None
+    """Merged into the thread's metadata (top-level keys replaced)."""
+    ttl: Any = None
+    """Not supported: a 400 when sent."""
+
+
+class CheckpointRef(_Request):
+    """A checkpoint of a thread, as the SDKs send one (``thread_id`` is the path's)."""
+
+    checkpoint_id: str | None = None
+    checkpoint_ns: str = ""
+    thread_id: str | None = None
+    checkpoint_map: dict[str, Any] | None = None
+
+
+class StateUpdate(_Request):
+    """``POST /threads/{id}/state``: write ``values`` as if node ``as_node`` returned
+    them, on the latest checkpoint or on ``checkpoint`` / ``checkpoint_id``."""
+
+    values: dict[str, Any] | None = None
+    as_node: str | None = None
+    checkpoint: CheckpointRef | None = None
+    checkpoint_id: str | None = None
+
+
+class StatePatch(_Request):
+    """``PATCH /threads/{id}/state``: metadata merged into the latest checkpoint's."""
+
+    metadata: dict[str, Any]
+
+
+class StateCheckpointRequest(_Request):
+    """``POST /threads/{id}/state/checkpoint``: the state at ``checkpoint``."""
+
+    checkpoint: CheckpointRef
+    subgraphs: bool = False
 
 
 # ---- responses (for the OpenAPI schema; the service builds the same shapes) ----------

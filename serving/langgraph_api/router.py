@@ -21,15 +21,28 @@ from serving.langgraph_api.protocol import (
     Info,
     Ok,
     THREAD_ID_PATTERN,
+    MAX_BATCH,
     Run,
+    RunBatchItem,
     RunCreate,
+    StateCheckpointRequest,
+    StatePatch,
+    StateUpdate,
     Thread,
     ThreadCount,
     ThreadCreate,
+    ThreadPatch,
     ThreadSearch,
     ThreadState,
 )
-from serving.langgraph_api.service import LangGraphService, dumps, join_events, sse_frames, stop_error
+from serving.langgraph_api.service import (
+    LangGraphService,
+    dumps,
+    join_events,
+    stop_error,
+    thread_event_id,
+    thread_events,
+)
 from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect
 
 __all__ = ["open_router", "router"]
@@ -129,15 +142,80 @@ async def get_thread(thread_id: ThreadIdPath, service: ServiceDep, principal: Pr
     return _json(await service.get_thread(thread_id, principal))
 
 
+@router.patch(
+    "/threads/{thread_id}",
+    response_model=Thread,
+    responses={204: {"description": "Updated (with `Prefer: return=minimal`)"}},
+)
+async def patch_thread(
+    thread_id: ThreadIdPath,
+    body: ThreadPatch,
+    service: ServiceDep,
+    principal: PrincipalDep,
+    prefer: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Merge ``metadata`` into the thread's; ``ttl`` is refused (400)."""
+    thread = await service.patch_thread(thread_id, body, principal)
+    if prefer is not None and "return=minimal" in prefer.replace(" ", "").lower():
+        return Response(status_code=204)
+    return _json(thread)
+
+
+@router.delete("/threads/{thread_id}", status_code=204, response_class=Response, responses={204: {"description": "Deleted"}})
+async def delete_thread(thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
+    """Delete the thread and its checkpoints; a run in progress is cancelled first."""
+    await service.delete_thread(thread_id, principal)
+    return Response(status_code=204)
+
+
+@router.post("/threads/{thread_id}/copy", response_model=Thread)
+async def copy_thread(thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
+    """A new thread with the same graph and metadata and a copy of every checkpoint."""
+    return _json(await service.copy_thread(thread_id, principal))
+
+
+SubgraphsQuery = Annotated[bool, Query(description="Give each subgraph task its subgraph's state")]
+
+
 @router.get("/threads/{thread_id}/state", response_model=ThreadState)
-async def get_thread_state(thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
-    return _json(await service.thread_state(thread_id, principal))
+async def get_thread_state(
+    thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep, subgraphs: SubgraphsQuery = False
+) -> Response:
+    return _json(await service.thread_state(thread_id, principal, subgraphs=subgraphs))
+
+
+@router.post("/threads/{thread_id}/state", response_model=dict[str, Any])
+async def update_thread_state(thread_id: ThreadIdPath, body: StateUpdate, service: ServiceDep, principal: PrincipalDep) -> Response:
+    """Write ``values`` to the state as node ``as_node``; answers the new ``checkpoint``."""
+    return _json(await service.update_state(thread_id, body, principal))
+
+
+@router.patch("/threads/{thread_id}/state", status_code=204, response_class=Response, responses={204: {"description": "Patched"}})
+async def patch_thread_state(thread_id: ThreadIdPath, body: StatePatch, service: ServiceDep, principal: PrincipalDep) -> Response:
+    """Merge ``metadata`` into the latest checkpoint's metadata."""
+    await service.patch_state(thread_id, body, principal)
+    return Response(status_code=204)
+
+
+@router.post("/threads/{thread_id}/state/checkpoint", response_model=ThreadState)
+async def get_thread_state_at_checkpoint(
+    thread_id: ThreadIdPath, body: StateCheckpointRequest, service: ServiceDep, principal: PrincipalDep
+) -> Response:
+    """The thread's state at ``checkpoint`` (``checkpoint_id``, ``checkpoint_ns``)."""
+    ref = body.checkpoint
+    return _json(
+        await service.thread_state(
+            thread_id, principal, ref.checkpoint_id, checkpoint_ns=ref.checkpoint_ns, subgraphs=body.subgraphs
+        )
+    )
 
 
 @router.get("/threads/{thread_id}/state/{checkpoint_id}", response_model=ThreadState)
-async def get_thread_state_at(thread_id: ThreadIdPath, checkpoint_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+async def get_thread_state_at(
+    thread_id: ThreadIdPath, checkpoint_id: str, service: ServiceDep, principal: PrincipalDep, subgraphs: SubgraphsQuery = False
+) -> Response:
     """The thread's state at one checkpoint (from its history)."""
-    return _json(await service.thread_state(thread_id, principal, checkpoint_id))
+    return _json(await service.thread_state(thread_id, principal, checkpoint_id, subgraphs=subgraphs))
 
 
 @router.post("/threads/{thread_id}/history", response_model=list[ThreadState])
@@ -180,7 +258,7 @@ async def _stream(
         if run.thread_id is not None:
             headers["Location"] = f"/threads/{quote(run.thread_id)}/runs/{run.run_id}/stream"
     else:
-        frames = sse_frames(started.events, started.first, run_id=run.run_id)
+        frames = service.relay(started)  # its thread's streams get the frames too
         close = started.events.aclose
     server = request.app.state.platform.settings.server
     return EventStream(
@@ -202,7 +280,9 @@ async def _wait(
     result: Any = None
     async with cancel_on_disconnect(request.receive):
         started = await service.start_run(thread_id, values_only, request_id, principal, deadline_s)
-        async with aclosing(started.events) as stream:
+        # The events closed whatever happens (closing `observed` before its first
+        # step would not reach them).
+        async with aclosing(started.events), aclosing(service.observed(started)) as stream:  # type: ignore[type-var]
             try:
                 async for name, data in stream:
                     if name == "values":
@@ -256,16 +336,100 @@ async def create_background_run(
     return _json(run.json(), headers={"Content-Location": _location(run.thread_id, run.run_id)})
 
 
+@router.post("/runs", response_model=Run)
+async def create_stateless_background_run(
+    body: RunBody, service: ServiceDep, request_id: RequestIdDep, request: Request
+) -> Response:
+    """Start a run on a temporary thread in the background (``thread_id`` null)."""
+    principal, deadline_s = request.state.principal, request.state.deadline_s
+    async with cancel_on_disconnect(request.receive):
+        started = await service.start_run(None, body, request_id, principal, deadline_s)
+    service.start_background(started)
+    run = started.record
+    return _json(run.json(), headers={"Content-Location": _location(run.thread_id, run.run_id)})
+
+
+@router.post("/runs/batch", response_model=list[Run])
+async def create_batch(
+    body: Annotated[list[RunBatchItem], Body(max_length=MAX_BATCH)],
+    service: ServiceDep,
+    request_id: RequestIdDep,
+    request: Request,
+) -> Response:
+    """Start background runs, each on its ``thread_id`` or stateless. Every item is
+    checked before any starts (an error names the item's index); if one fails to
+    start, the ones started are cancelled and the error names it."""
+    principal, deadline_s = request.state.principal, request.state.deadline_s
+    return _json(await service.start_batch(body, request_id, principal, deadline_s))
+
+
+RunStatusName = Literal["pending", "running", "error", "success", "timeout", "interrupted"]
+
+
 @router.get("/threads/{thread_id}/runs", response_model=list[Run])
-async def list_runs(thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
+async def list_runs(
+    thread_id: ThreadIdPath,
+    service: ServiceDep,
+    principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    status: RunStatusName | None = None,
+) -> Response:
     """The thread's runs this server process knows of, newest first."""
     await service.get_thread(thread_id, principal)  # 404 for an unknown thread
-    return _json(service.thread_runs(thread_id, principal))
+    return _json(service.thread_runs(thread_id, principal, limit=limit, offset=offset, status=status))
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run)
 async def get_run(thread_id: ThreadIdPath, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
     return _json(service.run_record(thread_id, run_id, principal).json())
+
+
+@router.delete(
+    "/threads/{thread_id}/runs/{run_id}", status_code=204, response_class=Response, responses={204: {"description": "Deleted"}}
+)
+async def delete_run(thread_id: ThreadIdPath, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+    """Forget a finished run (409 while it is not finished)."""
+    service.delete_run(thread_id, run_id, principal)
+    return Response(status_code=204)
+
+
+_THREAD_FAREWELL = (
+    "event: error\ndata: "
+    + dumps({"error": "ServerShutdown", "message": "the server is shutting down; reconnect with Last-Event-ID"})
+    + "\n\n"
+)
+
+
+@router.get("/threads/{thread_id}/stream", response_class=EventStream, status_code=200, responses=_STREAM)
+async def join_thread_stream(
+    thread_id: ThreadIdPath,
+    service: ServiceDep,
+    principal: PrincipalDep,
+    request: Request,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    stream_mode: Annotated[
+        list[str] | None,
+        Query(description="run_modes (all, the default), lifecycle, state_update, or run stream modes; repeatable"),
+    ] = None,
+) -> EventStream:
+    """The thread's stream: the events of its runs from now on (runs started later
+    too), each run ending with ``end``; ids ``<run_id>:<index>``, so ``Last-Event-ID``
+    first replays what background runs kept after it. Ends when the client leaves,
+    the thread is deleted, or the server drains; a client too slow to keep up gets an
+    ``error`` event and is disconnected."""
+    events = thread_events(stream_mode)
+    after = thread_event_id(last_event_id)
+    frames, close = await service.thread_stream(thread_id, principal, after, events)
+    server = request.app.state.platform.settings.server
+    return EventStream(
+        frames,
+        close=close,
+        keepalive_s=server.keepalive_s,
+        drain=request.app.state.drain,
+        grace_s=server.shutdown_grace_s,
+        farewell=_THREAD_FAREWELL,
+    )
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/stream", response_class=EventStream, status_code=200, responses=_STREAM)

@@ -7,10 +7,12 @@ run streams the graph's v2 parts as LangGraph Server SSE events.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,11 +21,13 @@ from typing import Any, get_args
 import orjson
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.errors import InvalidUpdateError
 from langgraph.pregel import Pregel
 from langgraph.types import Command, Interrupt, StateSnapshot
 from langchain_core.messages import AIMessage, AIMessageChunk
 from pydantic import BaseModel
 
+from gateway import CapabilityError
 from graphs import CLIENT_CONTEXT_FIELDS, GraphRegistry, OutputBlockedError, RegisteredGraph
 from serving._tasks import RunCancelledError, RunDeadlineError
 from serving.auth import Principal
@@ -32,18 +36,34 @@ from serving.guardrails import OutputGuard, checked_for_reading
 from serving.langgraph_api.protocol import (
     AssistantCount,
     AssistantSearch,
+    RunBatchItem,
     RunCommand,
     RunCreate,
+    StatePatch,
+    StateUpdate,
     StreamModeName,
     ThreadCount,
     ThreadCreate,
+    ThreadPatch,
     ThreadSearch,
     assistant_uuid,
 )
 from serving.runs import ClientError, RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages
+from serving.runs.registry import CONTROL_EVENTS, end_frame, event_mode
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
-__all__ = ["LangGraphService", "StartedRun", "dumps", "frame", "join_events", "sse_frames", "stop_error"]
+__all__ = [
+    "LangGraphService",
+    "StartedRun",
+    "dumps",
+    "frame",
+    "frame_without_id",
+    "join_events",
+    "sse_frames",
+    "stop_error",
+    "thread_event_id",
+    "thread_events",
+]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +145,86 @@ async def sse_frames(
                 yield frame(name, data, index)
         except Exception as exc:  # boundary: after the headers, an error is an event
             yield frame("error", stop_error(exc, run_id), index + 1)
+
+
+_THREAD_MODES: dict[str, frozenset[str] | None] = {
+    "run_modes": None,
+    "lifecycle": frozenset(),
+    "state_update": frozenset({"values"}),
+}
+"""The thread stream's own ``stream_mode`` values (``langgraph_sdk.schema.ThreadStreamMode``)
+-> the run events they keep: ``run_modes`` all of them (the SDK's default),
+``lifecycle`` only ``metadata``/``error``/``end``, ``state_update`` the ``values``."""
+
+_SPECIAL_NODES = frozenset({"__end__", "__input__", "__copy__"})
+"""``as_node`` values LangGraph's ``update_state`` takes besides the graph's nodes."""
+
+
+def thread_events(stream_mode: list[str] | None) -> frozenset[str] | None:
+    """The event names a thread stream keeps (``None``: all): the thread modes in
+    `_THREAD_MODES`, and any run stream mode (`join_events`).
+
+    Raises:
+        ServingError: 422 naming an unknown mode.
+    """
+    modes = [mode for mode in stream_mode or [] if mode]
+    if not modes or "run_modes" in modes:
+        return None
+    kept: frozenset[str] = frozenset()
+    for mode in modes:
+        kept |= _THREAD_MODES.get(mode) or frozenset()
+    rest = [mode for mode in modes if mode not in _THREAD_MODES]
+    if rest:
+        try:
+            kept |= join_events(rest) or frozenset()
+        except ServingError as exc:
+            raise ServingError(422, f"{exc}, or a thread stream mode: {', '.join(_THREAD_MODES)}") from None
+    return kept
+
+
+def thread_event_id(value: str | None) -> tuple[str, int | None] | None:
+    """A thread stream's ``Last-Event-ID`` (``<run_id>:<index>`` or ``<run_id>:end``)
+    as ``(run_id, index)``, index None for ``end``.
+
+    Raises:
+        ServingError: 400 for anything else.
+    """
+    value = (value or "").strip()
+    if not value:
+        return None
+    run_id, _, index = value.rpartition(":")
+    if (
+        run_id
+        and len(run_id) <= 64
+        and run_id.isascii()
+        and ":" not in run_id
+        and (index == "end" or (index.isascii() and index.isdigit() and len(index) <= 18))
+    ):
+        return run_id, None if index == "end" else int(index)
+    raise ServingError(400, "Last-Event-ID must be a thread stream event id (<run_id>:<index> or <run_id>:end)")
+
+
+def _thread_frame(run_id: str, index: int, item: str) -> str:
+    """A run's frame with its thread-stream id (the run's own ``id:`` line is last)."""
+    return f"{item[: item.rindex(chr(10) + 'id: ')]}\nid: {run_id}:{index}\n\n"
+
+
+def frame_without_id(name: str, data: Any) -> str:
+    """An SSE event with no id (a client resuming after it resumes from the event before)."""
+    return f"event: {name}\ndata: {dumps(data)}\n\n"
+
+
+@contextlib.contextmanager
+def _batch_item(index: int) -> Iterator[None]:
+    """Name the batch item an error is about (``param`` ``<index>.<field>``)."""
+    try:
+        yield
+    except ServingError as exc:
+        raise ServingError(exc.status, f"{index}: {exc}", retry_after_s=exc.retry_after_s, limit=exc.limit) from exc
+    except RequestError as exc:
+        raise RequestError(str(exc), param=f"{index}.{exc.param}" if exc.param else str(index), code=exc.code) from exc
+    except CapabilityError as exc:
+        raise CapabilityError(exc.backend_id, exc.capability, f"{index}.{exc.param}", str(exc)) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +358,14 @@ class LangGraphService:
         checks: RunChecks,
         *,
         max_history_bytes: int = 8 << 20,
+        delete_wait_s: float = 30.0,
     ) -> None:
+        """Args:
+            delete_wait_s: how long a thread delete waits for the thread's cancelled
+                run to end before it gives up (409, nothing deleted).
+        """
         self._host = host
+        self._delete_wait_s = delete_wait_s
         self._checks = checks
         self._graphs = graphs
         self._threads = threads
@@ -330,14 +436,21 @@ class LangGraphService:
             return None
         return self._graphs.get(graph_id).threaded
 
-    async def _snapshot(self, record: ThreadRecord, checkpoint_id: str | None = None) -> StateSnapshot | None:
+    async def _snapshot(
+        self, record: ThreadRecord, checkpoint_id: str | None = None, *, checkpoint_ns: str = "", subgraphs: bool = False
+    ) -> StateSnapshot | None:
         graph = self._threaded(record.graph_id)
         if graph is None:
             return None
         configurable = {"thread_id": record.thread_id}
+        if checkpoint_id is not None or checkpoint_ns:
+            configurable["checkpoint_ns"] = checkpoint_ns
         if checkpoint_id is not None:
-            configurable.update(checkpoint_ns="", checkpoint_id=checkpoint_id)
-        snapshot = await graph.aget_state({"configurable": configurable})
+            configurable["checkpoint_id"] = checkpoint_id
+        try:
+            snapshot = await graph.aget_state({"configurable": configurable}, subgraphs=subgraphs)
+        except ValueError as exc:  # LangGraph: "Subgraph ... not found" for an unknown namespace
+            raise ServingError(404, f"checkpoint_ns {checkpoint_ns!r} not found on thread {record.thread_id!r}: {exc}") from None
         return snapshot if snapshot.created_at is not None else None
 
     async def _thread_json(self, record: ThreadRecord, principal: Principal) -> dict[str, Any]:
@@ -401,10 +514,17 @@ class LangGraphService:
         if policy is not None:  # what the graph wrote; ids, checkpoints and metadata are the server's or the client's
             state["values"] = checked_for_reading(state["values"], policy)
             state["interrupts"] = checked_for_reading(state["interrupts"], policy)
-            for task in state["tasks"]:
-                task["result"] = checked_for_reading(task["result"], policy)
-                task["interrupts"] = checked_for_reading(task["interrupts"], policy)
+            self._check_tasks(state["tasks"], policy)
         return state
+
+    def _check_tasks(self, tasks: list[dict[str, Any]], policy: Any) -> None:
+        for task in tasks:
+            task["result"] = checked_for_reading(task["result"], policy)
+            task["interrupts"] = checked_for_reading(task["interrupts"], policy)
+            if (sub := task.get("state")) is not None:  # a subgraph's state (``subgraphs``)
+                sub["values"] = checked_for_reading(sub["values"], policy)
+                sub["interrupts"] = checked_for_reading(sub["interrupts"], policy)
+                self._check_tasks(sub["tasks"], policy)
 
     def _raw_state_json(self, snapshot: StateSnapshot) -> dict[str, Any]:
         def checkpoint(config: Any) -> dict[str, Any] | None:
@@ -428,8 +548,9 @@ class LangGraphService:
                     "path": list(task.path),
                     "error": _task_error(task.error),
                     "interrupts": _interrupts(task.interrupts),
-                    "checkpoint": None,
-                    "state": None,
+                    # A subgraph's task: its state (asked with ``subgraphs``) or where it is.
+                    "checkpoint": checkpoint(task.state) if isinstance(task.state, dict) else None,
+                    "state": self._raw_state_json(task.state) if isinstance(task.state, StateSnapshot) else None,
                     "result": task.result,
                 }
                 for task in snapshot.tasks
@@ -442,16 +563,26 @@ class LangGraphService:
         }
 
     async def thread_state(
-        self, thread_id: str, principal: Principal, checkpoint_id: str | None = None
+        self,
+        thread_id: str,
+        principal: Principal,
+        checkpoint_id: str | None = None,
+        *,
+        checkpoint_ns: str = "",
+        subgraphs: bool = False,
     ) -> dict[str, Any]:
-        """The thread's latest state, or its state at ``checkpoint_id``.
+        """The thread's latest state, or its state at ``checkpoint_id`` (in the subgraph
+        namespace ``checkpoint_ns``); with ``subgraphs``, each subgraph task carries its
+        subgraph's state.
 
         Raises:
-            ServingError: 404 for an unknown thread or checkpoint.
+            ServingError: 404 for an unknown thread, checkpoint or namespace.
         """
-        snapshot = await self._snapshot(await self._record(thread_id, principal), checkpoint_id)
-        if snapshot is None and checkpoint_id is not None:
-            raise ServingError(404, f"checkpoint {checkpoint_id!r} not found on thread {thread_id!r}")
+        record = await self._record(thread_id, principal)
+        snapshot = await self._snapshot(record, checkpoint_id, checkpoint_ns=checkpoint_ns, subgraphs=subgraphs)
+        if snapshot is None and (checkpoint_id is not None or checkpoint_ns):
+            where = f"checkpoint {checkpoint_id!r}" if checkpoint_id is not None else f"checkpoint_ns {checkpoint_ns!r}"
+            raise ServingError(404, f"{where} not found on thread {thread_id!r}")
         if snapshot is None:
             empty: dict[str, Any] = {"values": {}, "next": [], "tasks": [], "checkpoint": None}
             return {**empty, "parent_checkpoint": None, "metadata": None, "created_at": None, "interrupts": []}
@@ -476,6 +607,275 @@ class LangGraphService:
                 break  # paged by size too: the client asks again with `before`
             states.append(state)
         return states
+
+    # ---- thread operations -----------------------------------------------------------
+
+    async def patch_thread(self, thread_id: str, body: ThreadPatch, principal: Principal) -> dict[str, Any]:
+        """Merge ``metadata`` into the thread's (top-level keys replaced).
+
+        Raises:
+            ServingError: 404 for an unknown thread; 400 for ``ttl`` (not supported).
+        """
+        if body.ttl is not None:
+            raise ServingError(400, "ttl is not supported: threads are kept until they are deleted")
+        await self._record(thread_id, principal)
+        if body.metadata:
+            await self._threads.set_metadata(thread_id, body.metadata)
+        # Read again: a delete in between is a 404, not a thread that no longer exists.
+        return await self.get_thread(thread_id, principal)
+
+    async def delete_thread(self, thread_id: str, principal: Principal) -> None:
+        """Delete the thread's checkpoints, then its record; a run in progress is
+        cancelled first and waited for (at most ``delete_wait_s``).
+
+        The rule against a run recreating a half-deleted thread: the delete holds the
+        thread's ``delete`` claim from before it cancels the run until the record is
+        gone, and a run is admitted only where it takes the thread (after its
+        multitask strategy, before its first write), with no await in between; a run
+        started meanwhile is refused (409) before it writes anything, so no checkpoint
+        is written once the delete has started.
+
+        Raises:
+            ServingError: 404 for an unknown thread; 409 when the run has not ended
+                within ``delete_wait_s`` (nothing was deleted) or another operation
+                holds the thread.
+        """
+        await self._record(thread_id, principal)
+        runs = self._host.runs
+        with runs.claim(thread_id, "delete"):
+            if (active := runs.active(thread_id)) is not None:
+                active.guard.stop(RunCancelledError("the thread is being deleted"))
+                try:
+                    await asyncio.wait_for(active.wait(), self._delete_wait_s)
+                except TimeoutError:
+                    raise ServingError(
+                        409, f"thread {thread_id!r}: run {active.run_id} has not ended yet; nothing was deleted, try again"
+                    ) from None
+            # Checkpoints first: a failure leaves the record, and deleting again finishes.
+            await self._checkpointer.adelete_thread(thread_id)
+            await self._threads.delete(thread_id)
+        runs.forget_thread(thread_id)
+
+    def _thread_graph(self, record: ThreadRecord, principal: Principal) -> tuple[str, Pregel[Any, Any, Any, Any]]:
+        """The graph a thread's state belongs to.
+
+        Raises:
+            ServingError: 409 for a thread that has no graph yet; 403 for a graph the
+                tenant may not use.
+        """
+        graph = self._threaded(record.graph_id)
+        if record.graph_id is None or graph is None:
+            what = "no graph yet" if record.graph_id is None else f"graph {record.graph_id!r}, which is not registered"
+            raise ServingError(
+                409,
+                f"thread {record.thread_id!r} has {what}: start a run on it first "
+                "(or create it with metadata.graph_id)",
+            )
+        if not principal.settings.allows_graph(record.graph_id):
+            raise ServingError(403, f"tenant {principal.tenant!r} may not use graph {record.graph_id!r}")
+        return record.graph_id, graph
+
+    async def update_state(self, thread_id: str, body: StateUpdate, principal: Principal) -> dict[str, Any]:
+        """Write ``values`` to the thread's state as node ``as_node`` (LangGraph's
+        ``update_state``); the thread's status then says whether it waits at an
+        interrupt. Messages in ``values`` go through the input filter like a run's.
+
+        Returns:
+            ``{"checkpoint": {thread_id, checkpoint_ns, checkpoint_id}}``, the new checkpoint.
+
+        Raises:
+            ServingError: 404 unknown thread or checkpoint; 409 a run in progress, or no
+                graph yet; 422 ``as_node`` naming no node, or values the graph refuses.
+            RequestError: a message of ``values.messages`` the input filter refuses.
+        """
+        record = await self._record(thread_id, principal)
+        graph_id, graph = self._thread_graph(record, principal)
+        values: Any = body.values
+        if values is not None and "messages" in values:
+            messages = run_messages(values["messages"], param="values.messages")
+            self._checks.messages(messages, principal, param="values.messages")
+            values = {**values, "messages": messages}
+        if body.as_node is not None and body.as_node not in graph.nodes and body.as_node not in _SPECIAL_NODES:
+            nodes = sorted(set(graph.nodes) - {"__start__"})
+            raise ServingError(
+                422, f"as_node: graph {graph_id!r} has no node {body.as_node!r}; its nodes: {', '.join(nodes)}"
+            )
+        ref = body.checkpoint
+        checkpoint_id = body.checkpoint_id or (ref.checkpoint_id if ref is not None else None)
+        configurable: dict[str, Any] = {"thread_id": thread_id}
+        if checkpoint_id is not None or (ref is not None and ref.checkpoint_ns):
+            configurable["checkpoint_ns"] = ref.checkpoint_ns if ref is not None else ""
+        if checkpoint_id is not None:
+            configurable["checkpoint_id"] = checkpoint_id
+            if await self._checkpointer.aget_tuple({"configurable": configurable}) is None:
+                raise ServingError(404, f"checkpoint {checkpoint_id!r} not found on thread {thread_id!r}")
+        with self._host.runs.claim(thread_id, "update"):
+            try:
+                config = await graph.aupdate_state({"configurable": configurable}, values, as_node=body.as_node)
+            except (InvalidUpdateError, ValueError) as exc:
+                # What the graph says of the update: no node to infer, an unknown
+                # namespace, values that are not its state's.
+                raise ServingError(422, f"values: graph {graph_id!r} cannot take this update: {exc}") from None
+            snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+            await self._threads.update(thread_id, status="interrupted" if snapshot.interrupts else "idle")
+        written = config["configurable"]
+        return {
+            "checkpoint": {
+                "thread_id": written.get("thread_id", thread_id),
+                "checkpoint_ns": written.get("checkpoint_ns", ""),
+                "checkpoint_id": written.get("checkpoint_id"),
+                **({"checkpoint_map": written["checkpoint_map"]} if written.get("checkpoint_map") else {}),
+            }
+        }
+
+    async def patch_state(self, thread_id: str, body: StatePatch, principal: Principal) -> None:
+        """Merge ``metadata`` into the latest checkpoint's metadata (the checkpoint is
+        rewritten in place, with its parent and values unchanged).
+
+        Raises:
+            ServingError: 404 unknown thread; 409 a run in progress, or no state yet.
+        """
+        await self._record(thread_id, principal)
+        with self._host.runs.claim(thread_id, "update"):
+            latest = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+            saved = await self._checkpointer.aget_tuple(latest)
+            if saved is None:
+                raise ServingError(409, f"thread {thread_id!r} has no state yet: nothing to patch")
+            parent = saved.parent_config or latest
+            metadata: Any = {**saved.metadata, **body.metadata}
+            await self._checkpointer.aput(parent, saved.checkpoint, metadata, {})
+
+    async def copy_thread(self, thread_id: str, principal: Principal) -> dict[str, Any]:
+        """A new thread (new id; same tenant, graph and metadata) holding a copy of
+        every checkpoint of this one.
+
+        Raises:
+            ServingError: 404 unknown thread; 409 while it is being deleted.
+        """
+        record = await self._record(thread_id, principal)
+        with self._host.runs.claim(thread_id, "copy"):
+            copied, _ = await self._threads.create(
+                tenant=principal.tenant, thread_id=str(uuid.uuid4()), metadata=record.metadata, graph_id=record.graph_id
+            )
+            assert copied is not None  # a new UUID
+            try:
+                await self._checkpointer.acopy_thread(thread_id, copied.thread_id)
+                snapshot = await self._snapshot(copied)
+                status: ThreadStatus = "error" if record.status == "error" else "idle"
+                if snapshot is not None and snapshot.interrupts:
+                    status = "interrupted"
+                if status != "idle":
+                    await self._threads.update(copied.thread_id, status=status)
+            except BaseException:
+                # No half copy: its checkpoints (the copy is one unit) and record go.
+                await self._checkpointer.adelete_thread(copied.thread_id)
+                await self._threads.delete(copied.thread_id)
+                raise
+        return await self.get_thread(copied.thread_id, principal)
+
+    async def thread_stream(
+        self, thread_id: str, principal: Principal, after: tuple[str, int | None] | None, events: frozenset[str] | None
+    ) -> tuple[AsyncIterator[str], Callable[[], Awaitable[None]]]:
+        """The thread's stream (``GET /threads/{id}/stream``): the events of its runs
+        as they happen, from now on (foreground and background runs alike), each run
+        ended by an ``end`` event. Event ids are ``<run_id>:<index>`` (the run's own
+        index; ``<run_id>:end`` for its end), so ``after`` (the client's
+        ``Last-Event-ID``) first replays what background runs kept after that event:
+        the rest of that run and every later run of the thread.
+
+        Args:
+            after: ``(run_id, index)`` of the last event the client has (index None:
+                that run's ``end``).
+            events: the event names to send (`thread_events`), plus the control events.
+
+        Returns:
+            The frames, and the call that stops watching the thread (the response
+            makes it, however it ends). Watching starts here, before the response
+            does: a client that has the headers misses nothing after them.
+
+        Raises:
+            ServingError: 404 for an unknown thread (before the stream starts).
+        """
+        await self._record(thread_id, principal)
+        runs = self._host.runs
+        sent: dict[str, int] = {}
+        """Per run, the highest index sent (live frames at or below it are repeats)."""
+        ended: set[str] = set()
+
+        def wanted(item: str) -> bool:
+            mode = event_mode(item)
+            return events is None or mode is None or mode in events or mode in CONTROL_EVENTS
+
+        # Watched from before the replay is read (no await in between): nothing falls
+        # between the two, and what is in both is sent once.
+        watcher = runs.watch(thread_id)
+        replay = self._thread_replay(thread_id, principal.tenant, after, sent, ended, wanted) if after else []
+
+        async def frames() -> AsyncIterator[str]:
+            for item in replay:
+                yield item
+            while (got := await watcher.next()) is not None:
+                run_id, index, item = got
+                if index is None:
+                    if run_id not in ended:
+                        ended.add(run_id)
+                        yield item
+                elif index > sent.get(run_id, -1):
+                    sent[run_id] = index
+                    if wanted(item):
+                        yield _thread_frame(run_id, index, item)
+            if watcher.overflowed:
+                yield frame_without_id(
+                    "error",
+                    {
+                        "error": "SlowConsumer",
+                        "message": "this stream fell too far behind the thread's runs and was closed; "
+                        "reconnect with Last-Event-ID",
+                    },
+                )
+
+        async def close() -> None:
+            runs.unwatch(watcher)
+
+        return frames(), close
+
+    def _thread_replay(
+        self,
+        thread_id: str,
+        tenant: str,
+        after: tuple[str, int | None],
+        sent: dict[str, int],
+        ended: set[str],
+        wanted: Any,
+    ) -> list[str]:
+        run_id, index = after
+        runs = sorted(self._host.runs.of_thread(thread_id, tenant), key=lambda r: r.created_at)
+        start = next((i for i, r in enumerate(runs) if r.run_id == run_id), None)
+        if start is None:
+            return [f": run {run_id} is no longer known here; live events follow\n\n"]
+        out: list[str] = []
+        for position, run in enumerate(runs[start:]):
+            first = position == 0
+            if first and index is None:  # the client had its end
+                ended.add(run.run_id)
+                continue
+            after_index = index if first and index is not None else -1
+            if run.frames is None:
+                out.append(f": the events of run {run.run_id} were not kept (it was not started resumable)\n\n")
+                continue
+            missing, kept = run.kept(after_index)
+            if missing:
+                out.append(f": {missing} earlier events of run {run.run_id} are no longer kept\n\n")
+            number = max(after_index + 1, run.dropped)
+            for item in kept:
+                if wanted(item):
+                    out.append(_thread_frame(run.run_id, number, item))
+                number += 1
+            sent[run.run_id] = number - 1
+            if run.stream_closed:
+                ended.add(run.run_id)
+                out.append(end_frame(run.run_id))
+        return out
 
     # ---- runs ------------------------------------------------------------------------
 
@@ -534,6 +934,37 @@ class LangGraphService:
             fields["resume"] = command.resume
         return Command(**fields)
 
+    def _checked(self, thread_id: str | None, body: RunCreate, principal: Principal) -> tuple[RegisteredGraph, _Prepared]:
+        """`start_run`'s checks that need no await (see `_prepare`)."""
+        entry = self.resolve(body.assistant_id, principal)
+        if entry.threaded is None:
+            raise ServingError(503, "threads are not available: no checkpointer configured")
+        if body.multitask_strategy == "rollback":
+            raise ServingError(400, "multitask_strategy 'rollback' is not supported; use reject, interrupt or enqueue")
+        resume = body.command is not None and "resume" in body.command.model_fields_set
+        if thread_id is None and resume:
+            raise ServingError(400, "command.resume answers an interrupt on a thread: use POST /threads/{thread_id}/runs")
+        return entry, self._prepare(entry, body, principal)
+
+    async def check_run(self, thread_id: str | None, body: RunCreate, principal: Principal) -> None:
+        """What `start_run` checks before it takes or writes anything (a batch checks
+        every run before it starts any); reads the thread, writes nothing.
+
+        Raises:
+            ServingError, RequestError, CapabilityError: as `start_run` would.
+        """
+        self._checked(thread_id, body, principal)
+        if thread_id is None:
+            return
+        record = await self._threads.get(thread_id, tenant=principal.tenant)
+        if record is None and body.if_not_exists != "create":
+            raise ServingError(404, f"thread {thread_id!r} not found")
+        resume = body.command is not None and "resume" in body.command.model_fields_set
+        if record is not None and resume and record.status != "interrupted":
+            raise ServingError(
+                409, f"thread {thread_id!r} has no interrupt waiting for an answer (its status is {record.status!r})"
+            )
+
     async def start_run(
         self, thread_id: str | None, body: RunCreate, request_id: str, principal: Principal, deadline_s: float | None = None
     ) -> StartedRun:
@@ -550,16 +981,9 @@ class LangGraphService:
                 unsupported strategy (400), a run-slot limit (429).
             RequestError: a malformed part of the request (400), naming it.
         """
-        entry = self.resolve(body.assistant_id, principal)
-        if entry.threaded is None:
-            raise ServingError(503, "threads are not available: no checkpointer configured")
-        if body.multitask_strategy == "rollback":
-            raise ServingError(400, "multitask_strategy 'rollback' is not supported; use reject, interrupt or enqueue")
+        entry, prepared = self._checked(thread_id, body, principal)
         stateless = thread_id is None
         resume = body.command is not None and "resume" in body.command.model_fields_set
-        if stateless and resume:
-            raise ServingError(400, "command.resume answers an interrupt on a thread: use POST /threads/{thread_id}/runs")
-        prepared = self._prepare(entry, body, principal)
         if stateless:
             thread_id = str(uuid.uuid4())
             if body.on_completion == "keep":
@@ -626,8 +1050,83 @@ class LangGraphService:
             raise ServingError(404, f"run {run_id!r} not found on thread {thread_id!r}")
         return record
 
-    def thread_runs(self, thread_id: str, principal: Principal) -> list[dict[str, Any]]:
-        return [r.json() for r in self._host.runs.of_thread(thread_id, principal.tenant)]
+    def thread_runs(
+        self, thread_id: str, principal: Principal, *, limit: int = 10, offset: int = 0, status: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The thread's runs this process knows of, newest first, ``status`` only if given."""
+        found = [r for r in self._host.runs.of_thread(thread_id, principal.tenant) if status is None or r.status == status]
+        return [r.json() for r in found[offset : offset + limit]]
+
+    def delete_run(self, thread_id: str, run_id: str, principal: Principal) -> None:
+        """Forget a finished run.
+
+        Raises:
+            ServingError: 404 unknown run; 409 a run not finished.
+        """
+        self._host.runs.delete(self.run_record(thread_id, run_id, principal))
+
+    def relay(self, started: StartedRun) -> AsyncIterator[str]:
+        """A foreground run's SSE frames, also handed to its thread's streams."""
+        record = started.record
+        return self._host.runs.relay(record, sse_frames(started.events, started.first, run_id=record.run_id))
+
+    async def observed(self, started: StartedRun) -> AsyncIterator[tuple[str, Any]]:
+        """A run's events after ``metadata`` (``runs/wait``), also handed to its
+        thread's streams as frames (rendered only while someone watches). Closes them."""
+        runs, record = self._host.runs, started.record
+        index = 0
+
+        def publish(name: str, data: Any) -> None:
+            nonlocal index
+            if runs.watched(record.thread_id):
+                runs.publish(record, index, frame(name, data, index))
+            index += 1
+
+        try:
+            publish(*started.first)
+            async with aclosing(started.events) as events:
+                try:
+                    async for name, data in events:
+                        publish(name, data)
+                        yield name, data
+                except Exception as exc:
+                    publish("error", stop_error(exc, record.run_id))
+                    raise
+        finally:
+            runs.close_stream(record)
+
+    async def start_batch(
+        self, items: list[RunBatchItem], request_id: str, principal: Principal, deadline_s: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Start background runs (``POST /runs/batch``): every item is checked before
+        any starts; then they start in order. If one fails to start (a thread busy
+        under ``reject``, a run-slot limit), the runs already started are cancelled
+        and waited for (at most ``delete_wait_s``), and the error names the item: the
+        batch starts whole or not at all (a cancelled run may have saved a checkpoint
+        before it stopped, as any cancelled run does).
+
+        Raises:
+            ServingError, RequestError, CapabilityError: the first item refused, its
+                index in the message (``param`` ``<index>.<field>``).
+        """
+        for index, item in enumerate(items):
+            with _batch_item(index):
+                await self.check_run(item.thread_id, item, principal)
+        started: list[RunRecord] = []
+        try:
+            for index, item in enumerate(items):
+                with _batch_item(index):
+                    run = await self.start_run(item.thread_id, item, request_id, principal, deadline_s)
+                self.start_background(run)
+                started.append(run.record)
+        except BaseException:
+            for record in started:
+                record.guard.stop(RunCancelledError("another run of its batch could not start"))
+            if started:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in started)), self._delete_wait_s)
+            raise
+        return [record.json() for record in started]
 
     def start_background(self, started: StartedRun) -> None:
         """Run on in a task of the server's, keeping the frames for `follow`."""

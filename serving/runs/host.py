@@ -226,8 +226,10 @@ class RunHost:
             await self.at("make_way")
             if record is not None and record.thread_id is not None:
                 await self._make_way(record, plan.deadline_s)
+                # A thread being deleted (or its state updated) takes no new run.
+                self.runs.admit(record)
             # From here to the registration below nothing awaits: no other run can
-            # take the thread in between.
+            # take the thread (nor a delete claim it) in between.
             stack.callback(self.slots.acquire(plan.principal))
             run = ActiveRun(plan, self, self._start_span(plan), OutputGuard(self._guardrails.output_policy(plan.principal)))
             if record is not None:

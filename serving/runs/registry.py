@@ -12,6 +12,22 @@ Kept frames are bounded: a run keeps at most ``replay_bytes`` of them (older fra
 are dropped first; a client resuming before the oldest kept frame gets an SSE comment
 saying how many were dropped, then the rest), and finished runs keep at most
 ``finished_replay_bytes`` in all (the oldest finished runs lose their frames first).
+
+Thread streams (``GET /threads/{id}/stream``): every run on a thread, streamed in a
+request or in the background, hands its frames to `RunRegistry.relay`, which copies
+them to the thread's `ThreadWatcher` queues (none: nothing is done) and ends each
+run with an ``end`` marker. A watcher's queue is bounded (``watch_bytes``): a joiner
+too slow to keep up is disconnected (its stream ends with an ``error`` event), never
+waited for, so a run never slows down for its watchers; it can reconnect with
+``Last-Event-ID`` and replays what background runs kept.
+
+Thread claims serialise what must not overlap a run on the same thread: a delete
+(``claim(thread, "delete")``) refuses new runs and state updates while it cancels
+the thread's run and removes its checkpoints and record, so no run can write a
+checkpoint of a half-deleted thread; a state update (``"update"``) refuses new runs
+while it writes; a copy (``"copy"``) only keeps the thread from being deleted under
+it. A run is admitted (`RunRegistry.admit`) after its multitask strategy made way and
+before it takes anything, with no await in between.
 """
 
 from __future__ import annotations
@@ -20,15 +36,18 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from serving._tasks import RunGuard
+import orjson
 
-__all__ = ["CONTROL_EVENTS", "RunRecord", "RunRegistry", "RunStatus"]
+from serving._tasks import RunGuard
+from serving.errors import ServingError
+
+__all__ = ["CONTROL_EVENTS", "RunRecord", "RunRegistry", "RunStatus", "ThreadOp", "ThreadWatcher", "end_frame", "event_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +58,7 @@ CONTROL_EVENTS = frozenset({"metadata", "error", "end"})
 """Events a joined stream sends whatever its ``stream_mode`` filter."""
 
 
-def _event_mode(frame: str) -> str | None:
+def event_mode(frame: str) -> str | None:
     """The stream mode of an SSE frame: its event name without a subgraph's ``|ns``
     (``None`` for a comment)."""
     if not frame.startswith("event: "):
@@ -50,6 +69,64 @@ def _event_mode(frame: str) -> str | None:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
+
+
+ThreadOp = Literal["delete", "update", "copy"]
+"""What holds a thread claim (see the module docstring)."""
+
+_OP_NAMES: dict[ThreadOp, str] = {"delete": "a delete", "update": "a state update", "copy": "a copy"}
+
+
+def end_frame(run_id: str) -> str:
+    """The ``end`` event a thread stream sends after a run's last event."""
+    return f"event: end\ndata: {orjson.dumps({'run_id': run_id}).decode()}\nid: {run_id}:end\n\n"
+
+
+class ThreadWatcher:
+    """One thread-stream client's queue of ``(run_id, index, frame)`` items (index
+    ``None``: the run's end). Bounded by bytes: past ``max_bytes`` the watcher is
+    marked ``overflowed`` and gets nothing more (the client is disconnected)."""
+
+    def __init__(self, thread_id: str, max_bytes: int) -> None:
+        self.thread_id = thread_id
+        self.max_bytes = max_bytes
+        self.overflowed = False
+        self.closed = False
+        """The thread was deleted: nothing more will come."""
+        self._items: deque[tuple[str, int | None, str]] = deque()
+        self._bytes = 0
+        self._ready = asyncio.Event()
+
+    def push(self, run_id: str, index: int | None, frame: str) -> None:
+        if self.overflowed or self.closed:
+            return
+        if self._bytes + len(frame) > self.max_bytes and self._items:
+            # Disconnect rather than drop: a dropped event would be a silent hole in
+            # the client's stream; a disconnected client knows, and can resume.
+            self.overflowed = True
+            self._items.clear()
+            self._bytes = 0
+        else:
+            self._items.append((run_id, index, frame))
+            self._bytes += len(frame)
+        self._ready.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+    async def next(self) -> tuple[str, int | None, str] | None:
+        """The next item; None once the watcher overflowed or was closed."""
+        while not self._items:
+            if self.overflowed or self.closed:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        if self.overflowed:
+            return None
+        item = self._items.popleft()
+        self._bytes -= len(item[2])
+        return item
 
 
 @dataclass(eq=False)
@@ -74,6 +151,9 @@ class RunRecord:
     replay_bytes: int = 1 << 20
     """The most frame bytes this run keeps."""
     ended_at: float | None = None
+    stream_closed: bool = False
+    """Its last frame has been relayed (`RunRegistry.relay`): thread streams have
+    had its ``end``."""
     _done: asyncio.Event = field(default_factory=asyncio.Event)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -127,6 +207,14 @@ class RunRecord:
         self.frames_bytes = 0
         return freed
 
+    def kept(self, after: int = -1) -> tuple[int, list[str]]:
+        """The kept frames after event id ``after`` (now, without waiting), and how
+        many of the wanted ones are no longer kept."""
+        assert self.frames is not None
+        start = max(after + 1, 0)
+        missing = max(self.dropped - start, 0)
+        return missing, self.frames[max(start - self.dropped, 0) :]
+
     async def follow(self, after: int = -1, events: frozenset[str] | None = None) -> AsyncIterator[str]:
         """The frames after event id ``after`` (``-1``: all kept), then new ones as
         they come, until the run has ended.
@@ -146,7 +234,7 @@ class RunRecord:
             index = max(index, self.dropped)
             while index - self.dropped < len(self.frames):
                 kept = self.frames[index - self.dropped]
-                mode = _event_mode(kept)
+                mode = event_mode(kept)
                 if events is None or mode is None or mode in events or mode in CONTROL_EVENTS:
                     yield kept
                 index += 1
@@ -169,6 +257,7 @@ class RunRegistry:
         max_finished: int = 1000,
         replay_bytes: int = 1 << 20,
         finished_replay_bytes: int = 64 << 20,
+        watch_bytes: int = 8 << 20,
     ) -> None:
         self._replay_bytes = replay_bytes
         self._finished_replay_bytes = finished_replay_bytes
@@ -182,6 +271,117 @@ class RunRegistry:
         self._max_finished = max_finished
         self._tasks: dict[asyncio.Task[None], Callable[[], Awaitable[None]]] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._claims: dict[str, list[ThreadOp]] = {}
+        self._watchers: dict[str, set[ThreadWatcher]] = {}
+        self.watch_bytes = watch_bytes
+
+    # ---- thread claims ---------------------------------------------------------------
+
+    @contextmanager
+    def claim(self, thread_id: str, op: ThreadOp) -> Iterator[None]:
+        """Hold ``thread_id`` for ``op`` (see the module docstring) for the block.
+
+        Raises:
+            ServingError: 409 when the thread is held by a conflicting operation, or
+                (``update``) has a run in progress.
+        """
+        held = self._claims.get(thread_id, [])
+        conflict = "delete" in held if op == "copy" else bool(held)
+        if conflict:
+            raise ServingError(409, f"thread {thread_id!r} is busy: {_OP_NAMES[held[0]]} is in progress")
+        if op == "update" and (active := self._active.get(thread_id)) is not None:
+            raise ServingError(409, f"thread {thread_id!r} has a run in progress ({active.run_id})")
+        self._claims.setdefault(thread_id, []).append(op)
+        try:
+            yield
+        finally:
+            held = self._claims[thread_id]
+            held.remove(op)
+            if not held:
+                del self._claims[thread_id]
+
+    def admit(self, record: RunRecord) -> None:
+        """Refuse a run on a thread being deleted or having its state updated (called
+        right before the run takes anything, with no await until `add`).
+
+        Raises:
+            ServingError: 409 naming what holds the thread.
+        """
+        if record.thread_id is None:
+            return
+        for op in self._claims.get(record.thread_id, ()):
+            if op != "copy":
+                raise ServingError(409, f"thread {record.thread_id!r} is busy: {_OP_NAMES[op]} is in progress")
+
+    # ---- thread streams --------------------------------------------------------------
+
+    def watch(self, thread_id: str) -> ThreadWatcher:
+        """A watcher of the thread's runs' frames from now on; the caller must `unwatch` it."""
+        watcher = ThreadWatcher(thread_id, self.watch_bytes)
+        self._watchers.setdefault(thread_id, set()).add(watcher)
+        return watcher
+
+    def unwatch(self, watcher: ThreadWatcher) -> None:
+        watchers = self._watchers.get(watcher.thread_id)
+        if watchers is not None:
+            watchers.discard(watcher)
+            if not watchers:
+                del self._watchers[watcher.thread_id]
+
+    def watched(self, thread_id: str | None) -> bool:
+        return thread_id is not None and thread_id in self._watchers
+
+    def publish(self, record: RunRecord, index: int | None, frame: str) -> None:
+        """Hand one of the run's frames (``index`` None: its end) to its thread's watchers."""
+        if record.thread_id is None:
+            return
+        for watcher in self._watchers.get(record.thread_id, ()):
+            watcher.push(record.run_id, index, frame)
+
+    def close_stream(self, record: RunRecord) -> None:
+        """The run's last frame has gone out: its thread's watchers get its ``end``."""
+        if not record.stream_closed:
+            record.stream_closed = True
+            if self.watched(record.thread_id):
+                self.publish(record, None, end_frame(record.run_id))
+
+    async def relay(self, record: RunRecord, frames: AsyncIterator[str]) -> AsyncIterator[str]:
+        """``frames`` (the run's SSE frames, ids 0, 1, ...), each also handed to the
+        thread's watchers, then the run's ``end``. Closes ``frames``."""
+        index = 0
+        try:
+            async with aclosing(frames) as source:  # type: ignore[type-var]
+                async for item in source:
+                    if item.startswith("event: "):
+                        if self.watched(record.thread_id):
+                            self.publish(record, index, item)
+                        index += 1
+                    yield item
+        finally:
+            self.close_stream(record)
+
+    def forget_thread(self, thread_id: str) -> None:
+        """The thread was deleted: drop its runs' records and end its streams."""
+        for run in [r for r in self._runs.values() if r.thread_id == thread_id and r.done]:
+            self._forget(run)
+        for watcher in self._watchers.get(thread_id, ()):
+            watcher.close()
+
+    def _forget(self, record: RunRecord) -> None:
+        self._runs.pop(record.run_id, None)
+        if record in self._finished:
+            self._finished.remove(record)
+            self._finished_frames -= record.drop_frames()
+
+    def delete(self, record: RunRecord) -> None:
+        """Forget a finished run (``DELETE .../runs/{id}``).
+
+        Raises:
+            ServingError: 409 for a run not finished.
+        """
+        if not record.done:
+            raise ServingError(409, f"run {record.run_id!r} is {record.status}; cancel it first")
+        self._forget(record)
 
     def add(self, record: RunRecord) -> None:
         self._prune()
@@ -233,8 +433,8 @@ class RunRegistry:
         record.replay_bytes = self._replay_bytes
 
         async def pump() -> None:
-            async with aclosing(frames):
-                async for frame in frames:
+            async with aclosing(self.relay(record, frames)) as relayed:  # type: ignore[type-var]
+                async for frame in relayed:
                     record.append(frame)
 
         task = asyncio.get_running_loop().create_task(pump())
