@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
 from langgraph.store.base import Item, SearchItem
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from serving._json import json_problem
 from serving.auth import Principal
@@ -79,9 +79,16 @@ def _namespace(labels: list[str]) -> list[str]:
     return _labels(labels)
 
 
-Namespace = Annotated[list[str], AfterValidator(_namespace)]
+_LABEL_SCHEMA = {"type": "string", "minLength": 1, "pattern": "^[^.]+$"}
+
+# The schema states the rule; the validators check it with messages that say why.
+Namespace = Annotated[
+    list[str],
+    AfterValidator(_namespace),
+    WithJsonSchema({"type": "array", "items": _LABEL_SCHEMA, "minItems": 1}),
+]
 """A namespace: a non-empty list of labels."""
-NamespacePath = Annotated[list[str], AfterValidator(_labels)]
+NamespacePath = Annotated[list[str], AfterValidator(_labels), WithJsonSchema({"type": "array", "items": _LABEL_SCHEMA})]
 """A namespace prefix or suffix (may be empty)."""
 
 
@@ -322,8 +329,11 @@ async def put_item(body: StorePut, service: StoreServiceDep, principal: Principa
 async def get_item(
     service: StoreServiceDep,
     principal: PrincipalDep,
-    namespace: Annotated[str, Query(description="The namespace's labels joined with '.'")],
-    key: Annotated[str, Query()],
+    namespace: Annotated[
+        str,
+        Query(description="The namespace's labels joined with '.'", json_schema_extra={"pattern": r"^[^.]+(\.[^.]+)*$"}),
+    ],
+    key: Annotated[str, Query(json_schema_extra={"minLength": 1})],
     refresh_ttl: Annotated[bool | None, Query(description="Refresh the item's expiry (default: yes)")] = None,
 ) -> Response:
     """The item, or ``null`` if there is none (in this tenant)."""
