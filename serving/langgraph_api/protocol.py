@@ -140,7 +140,9 @@ class RunConfig(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
-StreamModeName = Literal["values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"]
+StreamModeName = Literal[
+    "values", "updates", "messages-tuple", "messages", "events", "custom", "debug", "tasks", "checkpoints"
+]
 
 
 class RunCreate(_Request):
@@ -169,6 +171,17 @@ class RunCreate(_Request):
     (``GET /threads/{id}/runs/{run_id}/stream``); the run goes on if the client leaves."""
     on_disconnect: Literal["cancel", "continue"] = "cancel"
     """What a client disconnect does to a streamed run."""
+    interrupt_before: Literal["*"] | list[str] | None = None
+    """Stop before these nodes run (``*``: before every node); a node name that is not
+    the graph's is a 422. A run with no input continues from there."""
+    interrupt_after: Literal["*"] | list[str] | None = None
+    """Stop after these nodes have run (``*``: after every node)."""
+    webhook: str | None = None
+    """Not supported: refused (400) when set."""
+    after_seconds: float | None = Field(default=None, ge=0)
+    """Not supported: refused (400) when above 0."""
+    feedback_keys: list[str] | None = None
+    """Not supported (LangSmith feedback): refused (400) when not empty."""
 
     def modes(self) -> list[str]:
         """The requested stream modes, de-duplicated, ``values`` when none."""

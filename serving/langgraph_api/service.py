@@ -33,6 +33,16 @@ from serving._tasks import RunCancelledError, RunDeadlineError
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
 from serving.guardrails import OutputGuard, checked_for_reading
+from serving.langgraph_api.modes import (
+    MESSAGE_EVENTS,
+    GuardStreams,
+    MessagesMode,
+    breakpoints,
+    checked_event,
+    checked_whole,
+    graph_parts,
+    refuse_unsupported,
+)
 from serving.langgraph_api.protocol import (
     AssistantCount,
     AssistantSearch,
@@ -67,13 +77,20 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Client stream mode -> LangGraph stream mode (and SSE event name, the same except
-# "messages-tuple", whose events are named "messages" on the wire).
-_LIB_MODE = {"messages-tuple": "messages"}
+# Client stream mode -> the LangGraph stream mode it needs (the same but for these;
+# None: none, `events` come from astream_events). "messages-tuple" events are named
+# "messages" on the wire; "messages" events are the three in `MESSAGE_EVENTS`.
+_LIB_MODE: dict[str, str | None] = {"messages-tuple": "messages", "events": None}
 _STARTED = datetime.now(UTC).isoformat()
-_JOIN_MODES = {mode: _LIB_MODE.get(mode, mode) for mode in (*get_args(StreamModeName), "messages")}
-"""``stream_mode`` values a joined stream accepts -> the event name they keep
-(``messages`` too: the wire name of ``messages-tuple``)."""
+_JOIN_MODES: dict[str, frozenset[str]] = {
+    **{mode: frozenset({mode}) for mode in get_args(StreamModeName)},
+    "messages-tuple": frozenset({"messages"}),
+    "messages": frozenset({"messages", *MESSAGE_EVENTS}),
+}
+"""``stream_mode`` values a joined stream accepts -> the event names they keep:
+``messages-tuple`` its wire name ``messages``; ``messages`` that name too (as it
+always has) and the ``messages/*`` events, which only a run that asked for mode
+``messages`` sends."""
 
 
 def join_events(stream_mode: list[str] | None) -> frozenset[str] | None:
@@ -92,7 +109,7 @@ def join_events(stream_mode: list[str] | None) -> frozenset[str] | None:
         raise ServingError(
             422, f"unknown stream_mode {', '.join(map(repr, unknown))}; one of: {', '.join(_JOIN_MODES)}"
         )
-    return frozenset(_JOIN_MODES[mode] for mode in stream_mode)
+    return frozenset().union(*(_JOIN_MODES[mode] for mode in stream_mode))
 
 
 def _default(value: Any) -> Any:
@@ -1147,6 +1164,12 @@ class LangGraphService:
         *,
         keep: bool,
     ) -> AsyncGenerator[tuple[str, Any], None]:
+        # Checked before the run takes anything (raised by the first `anext`).
+        refuse_unsupported(body.webhook, body.after_seconds, body.feedback_keys)
+        stops = {
+            "interrupt_before": breakpoints(body.interrupt_before, graph, field="interrupt_before"),
+            "interrupt_after": breakpoints(body.interrupt_after, graph, field="interrupt_after"),
+        }
         config: dict[str, Any] = body.config.as_config() if body.config is not None else {}
         configurable = {**config.get("configurable", {}), "thread_id": thread_id}
         if body.checkpoint:
@@ -1164,11 +1187,14 @@ class LangGraphService:
             "run_attempt": 1,
         }
         modes = body.modes()
-        lib_modes = [_LIB_MODE.get(m, m) for m in modes]
+        lib_modes = [m for m in dict.fromkeys(_LIB_MODE.get(m, m) for m in modes) if m is not None]
         # A kept thread's status after the run: interrupted if the graph stopped at an
         # interrupt, which the root graph reports as an `__interrupt__` update (a
-        # subgraph's included); watched here so that no checkpoint read is needed.
-        watch = keep and "updates" not in lib_modes
+        # subgraph's included); watched here so that no checkpoint read is needed
+        # (and asked for when only `events` are: the graph streams some mode).
+        watch = "updates" not in lib_modes and (keep or not lib_modes)
+        tuples = "messages-tuple" in modes
+        messages = MessagesMode() if "messages" in modes else None
         interrupted = False
         try:
             async with self._host.open(plan) as run:
@@ -1177,15 +1203,18 @@ class LangGraphService:
                 yield "metadata", {"run_id": plan.run_id, "attempt": 1}
                 errors = _EventErrors(plan.run_id)
                 try:
-                    stream = graph.astream(
+                    stream = graph_parts(
+                        graph,
                         prepared.graph_input,
                         config,
                         context=run.context(),
                         stream_mode=[*lib_modes, "updates"] if watch else lib_modes,
                         subgraphs=body.stream_subgraphs,
-                        version="v2",
+                        events="events" in modes,
+                        **stops,
                     )
                     guard = run.guard
+                    event_streams = GuardStreams(guard)
                     async with aclosing(run.events(stream)) as parts:
                         async for part in parts:
                             kind = part["type"]
@@ -1193,7 +1222,14 @@ class LangGraphService:
                                 interrupted = interrupted or bool(part["data"]["__interrupt__"])
                             if watch and kind == "updates":
                                 continue
-                            name = "messages" if kind == "messages" else kind
+                            if kind == "events":
+                                event = errors.value(part["data"])
+                                if event.get("event") == "on_chat_model_stream":
+                                    run.token()
+                                # Chunks stream-checked apart from the `messages` modes'.
+                                yield "events", checked_event(event, event_streams, _checked_message) if guard.active else event
+                                continue
+                            name = kind
                             if part["ns"]:
                                 name = f"{name}|{'|'.join(part['ns'])}"
                             data = part["data"]
@@ -1203,10 +1239,17 @@ class LangGraphService:
                                 data = errors.value(data)
                             if kind == "messages":
                                 run.token()
-                                data = list(data)
+                                message, metadata = data
                                 if guard.active:  # the message; its metadata is the server's
-                                    data[0] = _checked_message(data[0], guard)
-                            elif guard.active:
+                                    message = _checked_message(message, guard)
+                                if tuples:
+                                    yield name, [message, metadata]
+                                if messages is not None:  # LangGraph Server's: no `|ns` on these
+                                    check = (lambda whole: checked_whole(whole, guard)) if guard.active else None
+                                    for event_name, payload in messages.add(message, metadata, check):
+                                        yield event_name, payload
+                                continue
+                            if guard.active:
                                 # State, updates, custom events: whatever the graph sends
                                 # leaves the server here (citations, tool results, arguments).
                                 data = guard.check_value(data)
