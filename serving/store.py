@@ -17,7 +17,8 @@ transaction left open by a cancelled caller, and the writer's timeout, errors
 (`ThreadStoreError`, a 503) and readiness ping cover the store too. A store of its own
 file with its own worker would be as safe; sharing keeps one queue, one place for
 timeouts, and one file to back up. The library's ``BEGIN``/``COMMIT`` per batch is
-replaced by the writer's transaction (`_SqliteStore._cursor`), as for the checkpointer.
+replaced by the writer's transaction (`_SqliteStore._cursor`), as for the checkpointer,
+and its ``INSERT OR REPLACE`` by an upsert, so an update keeps the item's ``created_at``.
 
 On PostgreSQL the library's synchronous store takes a connection from the thread
 stores' pool for each batch and runs on their worker threads (`PostgresWorkers`): the
@@ -85,6 +86,12 @@ _POSTGRES_TTL: TTLConfig = {"refresh_on_read": True, "omit_expired": True}
 
 _SWEEP = "DELETE FROM store WHERE expires_at IS NOT NULL AND expires_at < CURRENT_TIMESTAMP"
 
+_REPLACE = "INSERT OR REPLACE INTO store ("
+_UPSERT = (
+    " ON CONFLICT(prefix, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at,"
+    " expires_at = excluded.expires_at, ttl_minutes = excluded.ttl_minutes"
+)
+
 
 class StoreBackend(BaseStore):
     """What the server needs of a store beyond `BaseStore`: asynchronous calls that
@@ -117,6 +124,20 @@ class _SqliteStore(StoreBackend, SqliteStore):
             yield cursor
         finally:
             cursor.close()
+
+    def _prepare_batch_PUT_queries(self, put_ops: Any) -> Any:  # noqa: N802 - the library's name
+        # The library's SQLite store writes with INSERT OR REPLACE, which deletes the
+        # old row: an item's `created_at` would become the time of its last update.
+        # An upsert keeps it, as the PostgreSQL store does.
+        queries, embedding_request = super()._prepare_batch_PUT_queries(put_ops)
+        kept = []
+        for query, params in queries:
+            if _REPLACE in query:
+                query = query.replace(_REPLACE, "INSERT INTO store (").rstrip() + _UPSERT
+            elif query.lstrip().startswith("INSERT"):
+                raise RuntimeError(f"the library's store writes differently now; review _SqliteStore: {query}")
+            kept.append((query, params))
+        return kept, embedding_request
 
     def _unit(self, ops: list[Op]) -> list[Result]:
         try:

@@ -93,3 +93,20 @@ async def test_concurrent_store_thread_and_checkpoint_calls_all_succeed(stores: 
     await store.aput(("after",), "k", {"ok": True})
     assert (await store.aget(("after",), "k")) is not None
     await stores.threads.ping()
+
+
+async def test_an_update_keeps_created_at(stores: ThreadStores) -> None:
+    store = TenantStore(stores.store, "t")
+    await store.aput(("doc",), "k", {"v": 1})
+    first = await store.aget(("doc",), "k")
+    assert first is not None
+    # SQLite's timestamps have whole seconds: wait for the next one (the clock, not a
+    # duration, is what the assertion below needs).
+    second = int(time.time())
+    while int(time.time()) == second:
+        await asyncio.sleep(0.05)
+    await store.aput(("doc",), "k", {"v": 2})
+    updated = await store.aget(("doc",), "k")
+    assert updated is not None and updated.value == {"v": 2}
+    assert updated.created_at == first.created_at
+    assert updated.updated_at > first.updated_at
