@@ -1,0 +1,272 @@
+"""Run operations of the LangGraph Server API (issue 12, finding 3): ``runs.list`` paging
+and status, ``runs.delete``, stateless background ``runs.create(None, ...)`` (``POST
+/runs``), ``runs.create_batch`` (``POST /runs/batch``), and the thread stream
+``threads.join_stream`` (``GET /threads/{id}/stream``), through the official
+``langgraph-sdk`` client on a real two-tenant server. Runs that must be in progress wait
+at a gate of ``tests/fakes/gated.py`` that the test opens: no timing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import pytest
+from langgraph_sdk.client import LangGraphClient
+from langgraph_sdk.errors import (
+    BadRequestError,
+    ConflictError,
+    NotFoundError,
+    UnprocessableEntityError,
+)
+
+from serving.runs.registry import ThreadWatcher
+from tests.serving.lg_ops_server import OpsServer, clients, ops_server, says  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.e2e
+
+
+async def _at_gate(client: LangGraphClient, tid: str, gate: str, **kwargs: Any) -> dict[str, Any]:
+    """A background run on ``tid`` waiting at ``gate`` (its ``custom`` event is out)."""
+    run = await client.runs.create(tid, "gated", input=says(f"gate:{gate}"), stream_mode=["custom", "values"], **kwargs)
+    async with aclosing(client.runs.join_stream(tid, run["run_id"], stream_mode="custom")) as parts:
+        async for part in parts:
+            if part.event == "custom":
+                break
+    return run
+
+
+async def test_list_runs_pages_and_filters_and_delete_forgets_a_finished_run(
+    clients: dict[str, LangGraphClient], ops_server: OpsServer
+) -> None:
+    acme, globex = clients["acme"], clients["globex"]
+    tid = (await acme.threads.create())["thread_id"]
+    done = []
+    for _ in range(3):
+        run = await acme.runs.create(tid, "gated", input=says("hi"))
+        await acme.runs.join(tid, run["run_id"])
+        done.append(run["run_id"])
+    gate = uuid.uuid4().hex
+    running = await _at_gate(acme, tid, gate)
+
+    listed = [r["run_id"] for r in await acme.runs.list(tid, limit=10)]
+    assert listed == [running["run_id"], *reversed(done)]  # newest first
+    assert [r["run_id"] for r in await acme.runs.list(tid, limit=2, offset=1)] == listed[1:3]
+    assert [r["run_id"] for r in await acme.runs.list(tid, status="running")] == [running["run_id"]]
+    assert [r["run_id"] for r in await acme.runs.list(tid, status="success")] == listed[1:]
+    assert await acme.runs.list(tid, status="error") == []
+    bad = await acme.http.client.get(f"/threads/{tid}/runs", params={"status": "bogus"})
+    assert bad.status_code == 422 and "status" in bad.json()["detail"]
+    assert (await acme.http.client.get(f"/threads/{tid}/runs", params={"limit": 0})).status_code == 422
+
+    with pytest.raises(ConflictError, match="cancel it first"):
+        await acme.runs.delete(tid, running["run_id"])
+    with pytest.raises(NotFoundError):
+        await globex.runs.delete(tid, done[0])
+    await acme.runs.delete(tid, done[0])
+    with pytest.raises(NotFoundError):
+        await acme.runs.get(tid, done[0])
+    with pytest.raises(NotFoundError):
+        await acme.runs.delete(tid, done[0])
+    assert done[0] not in [r["run_id"] for r in await acme.runs.list(tid)]
+
+    ops_server.open_gate(gate)
+    await acme.runs.join(tid, running["run_id"])
+    await acme.runs.delete(tid, running["run_id"])  # finished now
+    assert [r["run_id"] for r in await acme.runs.list(tid)] == list(reversed(done[1:]))
+
+
+async def test_a_stateless_background_run_goes_on_after_the_answer(
+    clients: dict[str, LangGraphClient], ops_server: OpsServer
+) -> None:
+    acme = clients["acme"]
+    gate = uuid.uuid4().hex
+    created: list[Any] = []
+    run = await acme.runs.create(None, "gated", input=says(f"gate:{gate}"), on_run_created=created.append)
+    assert run["thread_id"] is None and run["status"] in ("pending", "running")
+    assert run["assistant_id"] and uuid.UUID(run["run_id"])
+    assert created and created[0]["run_id"] == run["run_id"]
+    ops_server.open_gate(gate)
+    await ops_server.passed(gate)  # it ran on in the server's task after the answer
+
+    with pytest.raises(NotFoundError):
+        await acme.runs.create(None, "nope", input=says("hi"))
+    with pytest.raises(BadRequestError, match="command.resume"):
+        await acme.runs.create(None, "gated", command={"resume": "x"})
+
+
+async def test_a_batch_starts_whole_or_not_at_all(clients: dict[str, LangGraphClient], ops_server: OpsServer) -> None:
+    acme = clients["acme"]
+    tid = (await acme.threads.create())["thread_id"]
+    gate = uuid.uuid4().hex
+    runs = await acme.runs.create_batch([
+        {"assistant_id": "gated", "input": says(f"gate:{gate}")},
+        {"assistant_id": "gated", "input": says("hi"), "thread_id": tid},
+    ])
+    assert [r["thread_id"] for r in runs] == [None, tid]
+    await acme.runs.join(tid, runs[1]["run_id"])
+    assert (await acme.runs.get(tid, runs[1]["run_id"]))["status"] == "success"
+    ops_server.open_gate(gate)
+    await ops_server.passed(gate)
+
+    # Every body is checked before any starts: the error names the item and field.
+    idle = (await acme.threads.create())["thread_id"]
+    with pytest.raises(UnprocessableEntityError, match=r"1\.assistant_id"):
+        await acme.runs.create_batch([
+            {"assistant_id": "gated", "input": says("hi"), "thread_id": idle},
+            {"input": says("hi")},
+        ])
+    with pytest.raises(NotFoundError, match="^1: |1: assistant 'nope'"):
+        await acme.runs.create_batch([
+            {"assistant_id": "gated", "input": says("hi"), "thread_id": idle},
+            {"assistant_id": "nope", "input": says("hi")},
+        ])
+    with pytest.raises(NotFoundError, match="2: thread"):
+        await acme.runs.create_batch([
+            {"assistant_id": "gated", "input": says("hi"), "thread_id": idle},
+            {"assistant_id": "gated", "input": says("hi")},
+            {"assistant_id": "gated", "input": says("hi"), "thread_id": str(uuid.uuid4())},
+        ])
+    with pytest.raises(BadRequestError, match=r"1\.input\.messages"):
+        await acme.runs.create_batch([
+            {"assistant_id": "gated", "input": says("hi"), "thread_id": idle},
+            {"assistant_id": "gated", "input": says("xylophone")},
+        ])
+    too_many = await acme.http.client.post("/runs/batch", json=[{"assistant_id": "gated"}] * 101)
+    assert too_many.status_code == 422
+    assert await acme.runs.list(idle) == []  # nothing started
+
+    # A run that cannot start (its thread is busy, multitask_strategy reject): the
+    # ones started before it are cancelled, and the error names it.
+    busy = (await acme.threads.create())["thread_id"]
+    other = uuid.uuid4().hex
+    blocking = await _at_gate(acme, busy, other)
+    first = (await acme.threads.create())["thread_id"]
+    with pytest.raises(ConflictError, match="^1: thread|1: thread") as refused:
+        await acme.runs.create_batch([
+            {"assistant_id": "gated", "input": says(f"gate:{uuid.uuid4().hex}"), "thread_id": first},
+            {"assistant_id": "gated", "input": says("hi"), "thread_id": busy, "multitask_strategy": "reject"},
+        ])
+    assert "already has a run in progress" in str(refused.value)
+    cancelled = await acme.runs.list(first)
+    assert [r["status"] for r in cancelled] == ["interrupted"]
+    assert (await acme.threads.get(first))["status"] == "idle"
+    ops_server.open_gate(other)
+    await acme.runs.join(busy, blocking["run_id"])
+
+
+async def _until_end(parts: AsyncIterator[Any], run_id: str, into: list[Any]) -> None:
+    async for part in parts:
+        into.append(part)
+        if part.event == "end" and part.data["run_id"] == run_id:
+            return
+
+
+async def test_the_thread_stream_carries_every_run_on_the_thread(
+    clients: dict[str, LangGraphClient], ops_server: OpsServer
+) -> None:
+    acme, globex = clients["acme"], clients["globex"]
+    tid = (await acme.threads.create())["thread_id"]
+    gate = uuid.uuid4().hex
+    first = await _at_gate(acme, tid, gate)
+    seen: list[Any] = []
+    # Joined from the first run's metadata (event 0): the rest of its kept events,
+    # then live ones, then a later foreground run's.
+    async with aclosing(await acme.threads.join_stream(tid, last_event_id=f"{first['run_id']}:0")) as parts:
+        async for part in parts:
+            seen.append(part)
+            if part.event == "custom":
+                break  # replayed: the run is at its gate
+        ops_server.open_gate(gate)
+        await _until_end(parts, first["run_id"], seen)
+        later = asyncio.create_task(acme.runs.wait(tid, "gated", input=says("again")))
+        second: list[Any] = []
+        async for part in parts:
+            second.append(part)
+            if part.event == "end":
+                break
+        await later
+        # A streamed (foreground) run: the thread stream gets the same events.
+
+        async def streamed() -> list[Any]:
+            return [p async for p in acme.runs.stream(tid, "gated", input=says("more"), stream_mode="values")]
+
+        own = asyncio.create_task(streamed())
+        third: list[Any] = []
+        async for part in parts:
+            third.append(part)
+            if part.event == "end":
+                break
+        own_parts = await own
+    ids = [p.id for p in seen]
+    assert ids[0] == f"{first['run_id']}:1" and ids[-1] == f"{first['run_id']}:end"
+    assert [int(i.rsplit(":", 1)[1]) for i in ids[:-1]] == list(range(1, len(ids)))
+    assert {p.event for p in seen} == {"custom", "values", "end"}
+    assert seen[-2].event == "values" and seen[-2].data["messages"][-1]["content"] == "2 messages"
+    run_id = second[0].data["run_id"]
+    assert second[0].event == "metadata" and second[0].id == f"{run_id}:0" and run_id != first["run_id"]
+    assert second[-1].event == "end" and second[-1].data == {"run_id": run_id}
+    assert second[-2].event == "values" and second[-2].data["messages"][-1]["content"] == "5 messages"
+
+    assert [(p.event, p.data) for p in third[:-1]] == [(p.event, p.data) for p in own_parts]
+    assert [p.id for p in third[:-1]] == [f"{own_parts[0].data['run_id']}:{i}" for i in range(len(own_parts))]
+
+    # Resumed after an event of the first run (kept: it ran in the background): its
+    # events after that one, filtered, with the same ids.
+    middle = seen[1].id
+    replayed: list[Any] = []
+    async with aclosing(await acme.threads.join_stream(tid, last_event_id=middle, stream_mode="values")) as parts:
+        await _until_end(parts, first["run_id"], replayed)
+    expected = [(p.event, p.id) for p in seen[2:] if p.event in ("values", "end")]
+    assert [(p.event, p.id) for p in replayed] == expected
+
+    with pytest.raises(NotFoundError):
+        async for _ in await globex.threads.join_stream(tid):
+            pass
+    with pytest.raises(NotFoundError):
+        async for _ in await acme.threads.join_stream(str(uuid.uuid4())):
+            pass
+    with pytest.raises(BadRequestError, match="Last-Event-ID"):
+        async for _ in await acme.threads.join_stream(tid, last_event_id="7"):
+            pass
+    with pytest.raises(UnprocessableEntityError, match="unknown stream_mode 'bogus'"):
+        async for _ in await acme.threads.join_stream(tid, stream_mode=["values", "bogus"]):  # type: ignore[list-item]
+            pass
+
+
+async def test_the_thread_stream_lifecycle_mode_and_a_deleted_thread(
+    clients: dict[str, LangGraphClient], ops_server: OpsServer
+) -> None:
+    acme = clients["acme"]
+    tid = (await acme.threads.create())["thread_id"]
+    gate = uuid.uuid4().hex
+    run = await _at_gate(acme, tid, gate)
+    seen: list[Any] = []
+    async with aclosing(await acme.threads.join_stream(tid, last_event_id=f"{run['run_id']}:0", stream_mode="lifecycle")) as parts:
+        ops_server.open_gate(gate)
+        await _until_end(parts, run["run_id"], seen)
+        # The thread is deleted: its stream ends.
+        await acme.threads.delete(tid)
+        async for part in parts:
+            seen.append(part)
+    assert [p.event for p in seen] == ["end"]
+
+
+async def test_a_slow_thread_stream_client_is_disconnected_not_waited_for() -> None:
+    watcher = ThreadWatcher("t", max_bytes=100)
+    watcher.push("r", 0, "x" * 60)
+    watcher.push("r", 1, "y" * 30)
+    watcher.push("r", 2, "z" * 30)  # past the bound: the watcher is dropped
+    assert watcher.overflowed
+    watcher.push("r", 3, "w")
+    assert await watcher.next() is None  # its stream ends (with an error event)
+
+    fine = ThreadWatcher("t", max_bytes=100)
+    fine.push("r", 0, "a" * 60)
+    assert await fine.next() == ("r", 0, "a" * 60)
+    fine.push("r", 1, "b" * 60)
+    assert await fine.next() == ("r", 1, "b" * 60) and not fine.overflowed
+    fine.close()
+    assert await fine.next() is None
