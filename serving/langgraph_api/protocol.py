@@ -10,7 +10,8 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, AliasGenerator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
 
 from serving._json import json_problem
 
@@ -191,7 +192,13 @@ class RunCreate(_Request):
 
 class RunBatchItem(RunCreate):
     """One run of ``POST /runs/batch``: a run body, on ``thread_id`` if given (else
-    stateless)."""
+    stateless). Fields are also read in camelCase (``streamMode``, ``threadId``...):
+    the JS SDK's ``createBatch`` sends its payloads' own keys."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        alias_generator=AliasGenerator(validation_alias=lambda name: AliasChoices(name, to_camel(name))),
+    )
 
     thread_id: ThreadId | None = None
 

@@ -1011,9 +1011,16 @@ class LangGraphService:
             if record is None:
                 if body.if_not_exists != "create":
                     raise ServingError(404, f"thread {thread_id!r} not found")
-                created, _ = await self._threads.create(tenant=principal.tenant, thread_id=thread_id, graph_id=entry.graph_id)
+                runs = self._host.runs
+                runs.refuse_if_deleting(thread_id)
+                created, new = await self._threads.create(tenant=principal.tenant, thread_id=thread_id, graph_id=entry.graph_id)
                 if created is None:  # the id is another tenant's thread
                     raise ServingError(404, f"thread {thread_id!r} not found")
+                if new and runs.deleting(thread_id):
+                    # A delete of this id began while the record was being created: the
+                    # record may have outlived it, so it goes, and the run does not start.
+                    await self._threads.delete(thread_id)
+                    runs.refuse_if_deleting(thread_id)
                 record = created
             if resume and record.status != "interrupted":
                 # Answered already (a second resume of one interrupt), or never asked.

@@ -313,6 +313,14 @@ class RunRegistry:
             if op != "copy":
                 raise ServingError(409, f"thread {record.thread_id!r} is busy: {_OP_NAMES[op]} is in progress")
 
+    def deleting(self, thread_id: str) -> bool:
+        return "delete" in self._claims.get(thread_id, ())
+
+    def refuse_if_deleting(self, thread_id: str) -> None:
+        """Raises ServingError 409 while a delete holds the thread."""
+        if self.deleting(thread_id):
+            raise ServingError(409, f"thread {thread_id!r} is busy: {_OP_NAMES['delete']} is in progress")
+
     # ---- thread streams --------------------------------------------------------------
 
     def watch(self, thread_id: str) -> ThreadWatcher:

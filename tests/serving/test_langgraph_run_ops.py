@@ -108,6 +108,14 @@ async def test_a_batch_starts_whole_or_not_at_all(clients: dict[str, LangGraphCl
     assert [r["thread_id"] for r in runs] == [None, tid]
     await acme.runs.join(tid, runs[1]["run_id"])
     assert (await acme.runs.get(tid, runs[1]["run_id"]))["status"] == "success"
+    # What the JS SDK's createBatch sends: its payloads' camelCase keys beside assistant_id.
+    js = await acme.http.client.post("/runs/batch", json=[
+        {"assistantId": "gated", "assistant_id": "gated", "input": says("js"), "threadId": tid,
+         "multitaskStrategy": "enqueue", "metadata": {"from": "js"}},
+    ])
+    assert js.status_code == 200, js.text
+    assert js.json()[0]["thread_id"] == tid and js.json()[0]["multitask_strategy"] == "enqueue"
+    await acme.runs.join(tid, js.json()[0]["run_id"])
     ops_server.open_gate(gate)
     await ops_server.passed(gate)
 

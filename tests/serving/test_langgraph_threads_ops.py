@@ -100,7 +100,13 @@ async def test_a_claimed_thread_admits_no_run() -> None:
         with pytest.raises(ServingError):
             with runs.claim("t", "update"):
                 pass
+        # A run creating the thread (if_not_exists: create) checks before and after.
+        assert runs.deleting("t")
+        with pytest.raises(ServingError, match="a delete is in progress"):
+            runs.refuse_if_deleting("t")
     runs.admit(record)  # released
+    assert not runs.deleting("t")
+    runs.refuse_if_deleting("t")
     with runs.claim("t", "copy"):
         runs.admit(record)  # a copy only keeps the thread from being deleted
         with pytest.raises(ServingError, match="a copy is in progress"):
