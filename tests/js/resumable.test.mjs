@@ -29,7 +29,7 @@ async function readSomeThenLeave(threadId, count, streamMode) {
       break;
     }
   }
-  assert.equal(seen.length, count, "the run was still going when the client left");
+  assert.equal(seen.length, count, `${count} events before leaving`);
   return { runId: run.run_id, seen };
 }
 
