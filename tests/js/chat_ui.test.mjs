@@ -46,4 +46,33 @@ describe("Agent Chat UI's calls", () => {
     const rejoined = await collect(sdk.runs.joinStream(thread.thread_id, created.run_id, { lastEventId: "-1" }));
     assert.deepEqual(rejoined.map((p) => [p.id, p.event]), parts.map((p) => [p.id, p.event]));
   });
+
+  test("regenerate: a run from the checkpoint before the answer forks the thread", async () => {
+    const thread = await sdk.threads.create();
+    const input = { messages: [{ type: "human", content: "Hi" }] };
+    await collect(sdk.runs.stream(thread.thread_id, "chat", { input, streamMode: ["values", "messages-tuple"] }));
+    const history = await sdk.threads.getHistory(thread.thread_id, { limit: 10 });
+    const answered = history[0];
+    const beforeAnswer = history.find((s) => s.values.messages?.length === 1);
+    assert.ok(beforeAnswer, "a checkpoint with the question only");
+
+    // What useStream sends to regenerate the answer: no input, the parent checkpoint.
+    const { thread_id: _ignored, ...checkpoint } = beforeAnswer.checkpoint;
+    const parts = await collect(sdk.runs.stream(thread.thread_id, "chat", {
+      input: undefined,
+      checkpoint,
+      streamMode: ["values", "messages-tuple"],
+    }));
+    const values = parts.filter((p) => p.event === "values").at(-1).data;
+    assert.deepEqual(values.messages.map((m) => m.type), ["human", "ai"], "the answer replaced, not appended");
+    const after = await sdk.threads.getHistory(thread.thread_id, { limit: 100 });
+    assert.equal(after[0].values.messages.length, 2);
+    assert.notEqual(after[0].checkpoint.checkpoint_id, answered.checkpoint.checkpoint_id);
+    // The new answer descends from the question's checkpoint, not from the old answer.
+    const parent = new Map(after.map((s) => [s.checkpoint.checkpoint_id, s.parent_checkpoint?.checkpoint_id]));
+    const lineage = [];
+    for (let id = after[0].checkpoint.checkpoint_id; id; id = parent.get(id)) lineage.push(id);
+    assert.ok(lineage.includes(beforeAnswer.checkpoint.checkpoint_id), "a fork of the question");
+    assert.ok(!lineage.includes(answered.checkpoint.checkpoint_id), "not a continuation of the old answer");
+  });
 });

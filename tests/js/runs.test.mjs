@@ -152,6 +152,22 @@ describe("runs.stream: every stream mode", () => {
     assert.equal(text(parts.at(-1).data.messages.at(-1)), HELLO);
   });
 
+  test("interruptBefore and interruptAfter pause at the node; a run with no input goes on", async () => {
+    for (const [option, next, messages] of [["interruptBefore", ["call_model"], 1], ["interruptAfter", [], 2]]) {
+      const { threadId, of } = await streamed("chat", { input: HI, streamMode: "values", [option]: ["call_model"] });
+      assert.equal(of("values").at(-1).messages.length, messages, option);
+      const paused = await sdk.threads.getState(threadId);
+      assert.equal(paused.values.messages.length, messages, option);
+      if (option === "interruptBefore") {
+        assert.deepEqual(paused.next, next);
+        const resumed = await sdk.runs.wait(threadId, "chat", { input: null });
+        assert.equal(text(resumed.messages.at(-1)), HELLO);
+      }
+    }
+    const detail = await refused(collect(sdk.runs.stream(await thread(), "chat", { input: HI, interruptBefore: ["no_such_node"] })), 422);
+    assert.match(detail, /no_such_node/);
+  });
+
   test("bad requests: unknown assistant, unknown stream mode, another tenant's thread", async () => {
     const threadId = await thread();
     await refused(collect(sdk.runs.stream(threadId, "no-such-graph", { input: HI })), 404);
