@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { HELLO, HI, OTHER_KEY, client, collect, events, refused, tag, text } from "./helpers.mjs";
+import { HELLO, HI, OTHER_KEY, client, collect, events, raw, refused, tag, text } from "./helpers.mjs";
 
 const sdk = client();
 const other = client(OTHER_KEY);
@@ -253,10 +253,7 @@ describe("runs: background runs", () => {
     assert.equal((await sdk.threads.get(threadId)).status, "idle");
     // Without waiting: accepted (202), then the run ends interrupted.
     const next = await sdk.runs.create(threadId, "ticker", { input: { ...TICKER, ticks: 2000 } });
-    const response = await fetch(`${process.env.SWITCHYARD_URL}/threads/${threadId}/runs/${next.run_id}/cancel`, {
-      method: "POST",
-      headers: { "x-api-key": process.env.SWITCHYARD_KEY },
-    });
+    const response = await raw("POST", `/threads/${threadId}/runs/${next.run_id}/cancel`);
     assert.equal(response.status, 202);
     await sdk.runs.join(threadId, next.run_id);
     assert.equal((await sdk.runs.get(threadId, next.run_id)).status, "interrupted");
