@@ -53,9 +53,18 @@ def _json(value: Any) -> Response:
     return Response(dumps(value), media_type="application/json")
 
 
-def _read_only(allow: str) -> Response:
+_STATIC = frozenset({"search", "count"})
+"""``/assistants/{name}`` paths that are routes of their own (``POST``): another
+method on them is the usual 405 naming ``POST``, not a refusal of an assistant."""
+
+
+def _not_allowed(allow: str, detail: str = "Method Not Allowed") -> Response:
     # A 405 names what the path allows (none: an empty `Allow`, as RFC 9110 has it).
-    return Response(dumps({"detail": _READ_ONLY}), status_code=405, media_type="application/json", headers={"Allow": allow})
+    return Response(dumps({"detail": detail}), status_code=405, media_type="application/json", headers={"Allow": allow})
+
+
+def _read_only(allow: str) -> Response:
+    return _not_allowed(allow, _READ_ONLY)
 
 
 # ---- what a graph can say about itself --------------------------------------------------
@@ -306,6 +315,8 @@ async def create_assistant() -> Response:
 @router.patch("/assistants/{assistant_id}", **_NOT_ALLOWED)
 async def update_assistant(assistant_id: AssistantIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
     """Refused (after the 404/403 of an assistant the caller cannot see or use)."""
+    if assistant_id in _STATIC:
+        return _not_allowed("POST")
     service.resolve(assistant_id, principal)
     return _read_only("GET")
 
@@ -313,5 +324,7 @@ async def update_assistant(assistant_id: AssistantIdPath, service: ServiceDep, p
 @router.delete("/assistants/{assistant_id}", **_NOT_ALLOWED)
 async def delete_assistant(assistant_id: AssistantIdPath, service: ServiceDep, principal: PrincipalDep) -> Response:
     """Refused (after the 404/403 of an assistant the caller cannot see or use)."""
+    if assistant_id in _STATIC:
+        return _not_allowed("POST")
     service.resolve(assistant_id, principal)
     return _read_only("GET")

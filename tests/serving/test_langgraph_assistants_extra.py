@@ -197,6 +197,9 @@ async def test_search_count_and_get_are_not_shadowed(
     assert {a["graph_id"] for a in await acme.assistants.search()} == {"chat", "nested"}
     assert await acme.assistants.count() == 2
     assert (await acme.assistants.get("nested"))["graph_id"] == "nested"
-    # /assistants/search is a POST route: another method on it is the `{id}` routes' 404.
-    assert _raw(tenants_server, "DELETE", "/assistants/search").status_code == 404
+    # /assistants/search and /count are POST routes: another method on them is a 405 naming POST.
+    for path in ("/assistants/search", "/assistants/count"):
+        for method in ("PATCH", "DELETE"):
+            answer = _raw(tenants_server, method, path)
+            assert (answer.status_code, answer.headers["allow"]) == (405, "POST"), (method, path)
     assert _raw(tenants_server, "GET", "/assistants/search/graph").status_code == 404
