@@ -420,8 +420,9 @@ async def join_thread_stream(
     ``error`` event and is disconnected."""
     events = thread_events(stream_mode)
     after = thread_event_id(last_event_id)
-    frames, close = await service.thread_stream(thread_id, principal, after, events)
     server = request.app.state.platform.settings.server
+    # Watching starts here; the response stops it (`close`), however it ends.
+    frames, close = await service.thread_stream(thread_id, principal, after, events)
     return EventStream(
         frames,
         close=close,

@@ -826,7 +826,11 @@ class LangGraphService:
         # Watched from before the replay is read (no await in between): nothing falls
         # between the two, and what is in both is sent once.
         watcher = runs.watch(thread_id)
-        replay = self._thread_replay(thread_id, principal.tenant, after, sent, ended, wanted) if after else []
+        try:
+            replay = self._thread_replay(thread_id, principal.tenant, after, sent, ended, wanted) if after else []
+        except BaseException:
+            runs.unwatch(watcher)
+            raise
 
         async def frames() -> AsyncIterator[str]:
             for item in replay:
