@@ -188,6 +188,8 @@ def _allowed_methods(request: Request) -> list[str]:
     routes = list(_leaf_routes(request.app.router.routes))
     for method in _METHODS:
         for route in routes:
+            if getattr(route, "status_code", None) == 405:
+                continue  # a route declared to refuse its method (405) does not allow it
             match, child = route.matches({**request.scope, "method": method})
             if match == Match.FULL:
                 found[method] = len(child.get("path_params", {}))
