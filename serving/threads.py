@@ -69,7 +69,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -80,7 +80,9 @@ __all__ = [
     "PostgresWorkers",
     "SqliteThreadStore",
     "SqliteWriter",
+    "SortOrder",
     "ThreadRecord",
+    "ThreadSortBy",
     "ThreadStatus",
     "ThreadStore",
     "ThreadStoreError",
@@ -95,6 +97,14 @@ ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 """``idle``: ready for a run; ``busy``: a run is in progress; ``interrupted``: a run
 stopped at an interrupt and waits for ``command: {resume: ...}``; ``error``: the last
 run failed."""
+
+ThreadSortBy = Literal["thread_id", "status", "created_at", "updated_at"]
+"""The columns threads can be ordered by."""
+
+SortOrder = Literal["asc", "desc"]
+
+_SORT_COLUMNS: dict[str, str] = {name: name for name in ("thread_id", "status", "created_at", "updated_at")}
+_SORT_ORDERS: dict[str, str] = {"asc": "ASC", "desc": "DESC"}
 
 _INT64_MAX = 2**63 - 1
 
@@ -203,12 +213,21 @@ class ThreadStore(Protocol):
         tenant: str,
         metadata: Mapping[str, Any] | None = None,
         status: ThreadStatus | None = None,
+        ids: Sequence[str] | None = None,
+        sort_by: ThreadSortBy = "created_at",
+        sort_order: SortOrder = "desc",
         limit: int = 10,
         offset: int = 0,
     ) -> list[ThreadRecord]:
-        """The tenant's threads whose metadata has every given key with an equal value,
-        newest first. Any key works (quotes, dots, ``$``); limits and offsets past what the
-        database can count are bounded, not errors."""
+        """The tenant's threads whose metadata has every given key with an equal value
+        (any key works: quotes, dots, ``$``), among ``ids`` if given (an empty list finds
+        none), ordered by ``sort_by`` then ``thread_id`` (so pages never repeat or skip
+        a thread), newest first by default. Limits and offsets past what the database
+        can count are bounded, not errors.
+
+        Raises:
+            ValueError: ``sort_by`` or ``sort_order`` is not one of the allowed values.
+        """
         ...
 
     async def recover(self) -> int:
@@ -291,6 +310,31 @@ def _storable(*values: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _order_by(sort_by: str, sort_order: str, collate: str = "") -> str:
+    """An ``ORDER BY`` clause built only from the whitelists (never from request text),
+    with ``thread_id`` last so equal keys keep one order from page to page; ``collate``
+    (PostgreSQL's ``COLLATE "C"``) makes text compare by bytes, as SQLite does.
+
+    Raises:
+        ValueError: naming the field whose value is not allowed.
+    """
+    column, direction = _SORT_COLUMNS.get(sort_by), _SORT_ORDERS.get(sort_order)
+    if column is None:
+        raise ValueError(f"sort_by must be one of {', '.join(_SORT_COLUMNS)}, not {sort_by!r}")
+    if direction is None:
+        raise ValueError(f"sort_order must be asc or desc, not {sort_order!r}")
+    if column == "thread_id":
+        return f"ORDER BY thread_id{collate} {direction}"
+    return f"ORDER BY {column}{collate} {direction}, thread_id{collate} {direction}"
+
+
+def _wanted_ids(ids: Sequence[str] | None) -> list[str] | None:
+    """The ids a search may find (None: any); ids no store can hold are dropped."""
+    if ids is None:
+        return None
+    return [value for value in dict.fromkeys(ids) if isinstance(value, str) and _storable(value)]
 
 
 class _Calls:
@@ -714,23 +758,31 @@ class SqliteThreadStore:
         tenant: str,
         metadata: Mapping[str, Any] | None = None,
         status: ThreadStatus | None = None,
+        ids: Sequence[str] | None = None,
+        sort_by: ThreadSortBy = "created_at",
+        sort_order: SortOrder = "desc",
         limit: int = 10,
         offset: int = 0,
     ) -> list[ThreadRecord]:
-        """The tenant's threads whose metadata has every given key with an equal value,
-        newest first.
+        """The tenant's threads whose metadata has every given key with an equal value
+        (see `ThreadStore.search` for ``ids`` and the order).
 
         Keys are matched as text through ``json_each`` (a JSON path cannot spell every
         key); values by JSON type and value as in PostgreSQL's ``@>`` for scalars (``1``
         equals ``1.0``, ``true`` does not equal ``1``); objects and arrays must be equal
         as written (PostgreSQL's ``@>`` also matches a nested subset).
         """
-        if not _storable(tenant, dict(metadata or {})):
+        order = _order_by(sort_by, sort_order)
+        wanted = _wanted_ids(ids)
+        if not _storable(tenant, dict(metadata or {})) or wanted == []:
             return []  # no thread can have it
         clauses, params = ["tenant = ?"], [tenant]
         if status is not None:
             clauses.append("status = ?")
             params.append(status)
+        if wanted is not None:  # one parameter, however many ids
+            clauses.append("thread_id IN (SELECT value FROM json_each(?))")
+            params.append(json.dumps(wanted))
         for key, value in (metadata or {}).items():
             condition, values = _sqlite_match(value)
             clauses.append(
@@ -740,7 +792,7 @@ class SqliteThreadStore:
             params.extend([key, *values])
         query = (
             f"SELECT {_COLUMNS} FROM switchyard_threads "
-            f"WHERE {' AND '.join(clauses)} ORDER BY created_at DESC LIMIT ? OFFSET ?"
+            f"WHERE {' AND '.join(clauses)} {order} LIMIT ? OFFSET ?"
         )
         bounds = (*params, _bounded(limit), _bounded(offset))
         return await self._writer.read("search", lambda db: _select(db, query, bounds))
@@ -988,21 +1040,29 @@ class PostgresThreadStore:
         tenant: str,
         metadata: Mapping[str, Any] | None = None,
         status: ThreadStatus | None = None,
+        ids: Sequence[str] | None = None,
+        sort_by: ThreadSortBy = "created_at",
+        sort_order: SortOrder = "desc",
         limit: int = 10,
         offset: int = 0,
     ) -> list[ThreadRecord]:
-        if not _storable(tenant, dict(metadata or {})):
+        order = _order_by(sort_by, sort_order, ' COLLATE "C"')
+        wanted = _wanted_ids(ids)
+        if not _storable(tenant, dict(metadata or {})) or wanted == []:
             return []  # no thread can have it
         clauses, params = ["tenant = %s"], [tenant]
         if status is not None:
             clauses.append("status = %s")
             params.append(status)
+        if wanted is not None:
+            clauses.append("thread_id = ANY(%s::text[])")
+            params.append(wanted)
         if metadata:
             clauses.append("metadata @> %s::jsonb")
             params.append(_dumps(metadata, "metadata filter"))
         query = (
             f"SELECT {_COLUMNS} FROM switchyard_threads WHERE {' AND '.join(clauses)} "
-            "ORDER BY created_at DESC LIMIT %s OFFSET %s"
+            f"{order} LIMIT %s OFFSET %s"
         )
         bounds = (*params, _bounded(limit), _bounded(offset))
         return await self._workers.run("search", lambda: self._fetch(query, bounds))

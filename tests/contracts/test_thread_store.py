@@ -179,3 +179,69 @@ async def test_update_sets_status_and_merges_metadata_in_one_write(stores: Threa
     stored = await threads.get(record.thread_id, tenant="a")
     assert stored is not None and stored.status == "idle" and stored.metadata["assistant_id"] == "x"
     await threads.update("no-such-thread", status="busy", metadata={"a": 1})  # nothing to update, no error
+
+
+async def test_search_by_ids_only_finds_the_tenants_threads_among_them(stores: ThreadStores) -> None:
+    threads = stores.threads
+    mine = [(await threads.create(tenant="a", thread_id=f"t-{i}"))[0] for i in range(4)]
+    theirs, _ = await threads.create(tenant="b", thread_id="t-other")
+    assert all(r is not None for r in mine) and theirs is not None
+    wanted = ["t-2", "t-0", "t-other", "no-such-thread", "t-2", "a\x00b", "\ud800"]
+    found = await threads.search(tenant="a", ids=wanted, sort_by="thread_id", sort_order="asc")
+    assert [r.thread_id for r in found] == ["t-0", "t-2"]  # not t-1, t-3 (not asked), not b's
+    assert await threads.search(tenant="b", ids=["t-0"]) == []
+    assert await threads.search(tenant="a", ids=[]) == []  # an empty list asks for no thread
+    assert await threads.search(tenant="a", ids=["no-such-thread"]) == []
+    await threads.update("t-2", status="error")
+    assert [r.thread_id for r in await threads.search(tenant="a", ids=wanted, status="error")] == ["t-2"]
+    many = [f"t-{i}" for i in range(4)] + [f"x-{i}" for i in range(5000)]  # past SQLite's variable limit
+    assert len(await threads.search(tenant="a", ids=many, limit=100)) == 4
+
+
+async def test_search_orders_by_each_column_and_pages_never_repeat_or_skip(stores: ThreadStores) -> None:
+    threads = stores.threads
+    names = ["m", "c", "x", "a", "k", "b", "z"]  # created in this order, not in id order
+    for name in names:
+        await threads.create(tenant="a", thread_id=name)
+        await asyncio.sleep(0.002)  # distinct creation times
+    for name in ("k", "a", "z"):
+        await threads.update(name, status="busy")
+    await threads.create(tenant="b", thread_id="zz-other")
+
+    async def ids(**kwargs: object) -> list[str]:
+        return [r.thread_id for r in await threads.search(tenant="a", limit=100, **kwargs)]  # type: ignore[arg-type]
+
+    assert await ids(sort_by="thread_id", sort_order="asc") == sorted(names)
+    assert await ids(sort_by="thread_id", sort_order="desc") == sorted(names, reverse=True)
+    assert await ids(sort_by="created_at", sort_order="asc") == names
+    assert await ids() == names[::-1]  # created_at, newest first, by default
+    assert await ids(sort_by="created_at") == names[::-1]
+    # Ties (three busy, four idle) are ordered by thread_id in the same direction.
+    assert await ids(sort_by="status", sort_order="asc") == ["a", "k", "z", "b", "c", "m", "x"]
+    assert await ids(sort_by="status", sort_order="desc") == ["x", "m", "c", "b", "z", "k", "a"]
+    await asyncio.sleep(0.002)
+    await threads.set_metadata("c", {"touched": True})
+    updated = await ids(sort_by="updated_at", sort_order="desc")
+    assert updated[0] == "c" and sorted(updated) == sorted(names)
+    assert (await ids(sort_by="updated_at", sort_order="asc"))[-1] == "c"
+    # Paging one or two at a time through tied keys gives every thread exactly once.
+    for sort_by in ("status", "thread_id", "created_at", "updated_at"):
+        for order in ("asc", "desc"):
+            for size in (1, 2, 3):
+                paged: list[str] = []
+                for offset in range(0, len(names), size):
+                    page = await threads.search(tenant="a", sort_by=sort_by, sort_order=order, limit=size, offset=offset)  # type: ignore[arg-type]
+                    paged.extend(r.thread_id for r in page)
+                assert paged == await ids(sort_by=sort_by, sort_order=order), (sort_by, order, size)
+
+
+async def test_search_refuses_an_order_it_does_not_know(stores: ThreadStores) -> None:
+    threads = stores.threads
+    await threads.create(tenant="a")
+    for sort_by in ("metadata", "tenant", "created_at; DROP TABLE switchyard_threads", "state_updated_at", ""):
+        with pytest.raises(ValueError, match="sort_by"):
+            await threads.search(tenant="a", sort_by=sort_by)  # type: ignore[arg-type]
+    for order in ("ASC", "up", "desc, thread_id", ""):
+        with pytest.raises(ValueError, match="sort_order"):
+            await threads.search(tenant="a", sort_order=order)  # type: ignore[arg-type]
+    assert len(await threads.search(tenant="a")) == 1  # the table is still there
