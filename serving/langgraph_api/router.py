@@ -43,6 +43,7 @@ from serving.langgraph_api.service import (
     thread_event_id,
     thread_events,
 )
+from serving.runs import RunRecord
 from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect
 
 __all__ = ["open_router", "router"]
@@ -433,6 +434,62 @@ async def join_thread_stream(
     )
 
 
+LastEventId = Annotated[
+    str | None,
+    Header(alias="Last-Event-ID", description="Resume after this event id (-1 or none: from the run's first event)"),
+]
+StreamModeQuery = Annotated[
+    list[str] | None,
+    Query(description="Send only these modes' events (repeat the parameter for several), plus metadata, error and end"),
+]
+CancelOnDisconnect = Annotated[
+    bool, Query(description="Cancel the run if this client leaves before it ends (the SDKs send 1 or 0)")
+]
+
+
+def _run_event_id(value: str | None) -> int:
+    """A run stream's ``Last-Event-ID`` as the id after which to send (-1: all).
+
+    Raises:
+        ServingError: 400 for anything but an event id or -1.
+    """
+    value = (value or "").strip()
+    if not value or value == "-1":  # -1: from the start, what the JS SDK's useStream sends to rejoin
+        return -1
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        raise ServingError(400, "Last-Event-ID must be an event id (a non-negative integer, or -1 for all)")
+    return int(value)
+
+
+async def _cancel_if_left(frames: AsyncIterator[str], run: RunRecord) -> AsyncIterator[str]:
+    """``frames``; if the stream stops before they end (the client left, or the server
+    is shutting down), the run is cancelled."""
+    ended = False
+    async with aclosing(frames):  # type: ignore[type-var]
+        try:
+            async for item in frames:
+                yield item
+            ended = True
+        finally:
+            if not ended and not run.done:
+                run.guard.stop(RunCancelledError("the client that joined with cancel_on_disconnect left"))
+
+
+def _join(run: RunRecord, request: Request, last_event_id: str | None, stream_mode: list[str] | None, cancel: bool) -> EventStream:
+    events = join_events(stream_mode)
+    if run.frames is None:
+        raise ServingError(409, f"run {run.run_id!r} was not started resumable; its stream cannot be joined")
+    frames = run.follow(_run_event_id(last_event_id), events)
+    server = request.app.state.platform.settings.server
+    return EventStream(
+        _cancel_if_left(frames, run) if cancel else frames,
+        keepalive_s=server.keepalive_s,
+        drain=request.app.state.drain,
+        grace_s=server.shutdown_grace_s,
+        farewell=_SHUTDOWN_FAREWELL,
+    )
+
+
 @router.get("/threads/{thread_id}/runs/{run_id}/stream", response_class=EventStream, status_code=200, responses=_STREAM)
 async def join_run_stream(
     thread_id: ThreadIdPath,
@@ -440,31 +497,28 @@ async def join_run_stream(
     service: ServiceDep,
     principal: PrincipalDep,
     request: Request,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-    stream_mode: Annotated[
-        list[str] | None,
-        Query(description="Send only these modes' events (repeat the parameter for several), plus metadata, error and end"),
-    ] = None,
+    last_event_id: LastEventId = None,
+    stream_mode: StreamModeQuery = None,
+    cancel_on_disconnect: CancelOnDisconnect = False,
 ) -> EventStream:
     """Join a background or resumable run's stream: the events after
     ``Last-Event-ID`` (all of them without it), then live ones until the run ends;
     ``stream_mode`` filters them (event ids stay the run's own)."""
-    events = join_events(stream_mode)
-    run = service.run_record(thread_id, run_id, principal)
-    if run.frames is None:
-        raise ServingError(409, f"run {run_id!r} was not started resumable; its stream cannot be joined")
-    value = (last_event_id or "").strip()
-    if value and not (value.isascii() and value.isdigit() and len(value) <= 18):
-        raise ServingError(400, "Last-Event-ID must be an event id (a non-negative integer)")
-    after = int(value) if value else -1
-    server = request.app.state.platform.settings.server
-    return EventStream(
-        run.follow(after, events),
-        keepalive_s=server.keepalive_s,
-        drain=request.app.state.drain,
-        grace_s=server.shutdown_grace_s,
-        farewell=_SHUTDOWN_FAREWELL,
-    )
+    return _join(service.run_record(thread_id, run_id, principal), request, last_event_id, stream_mode, cancel_on_disconnect)
+
+
+@router.get("/runs/{run_id}/stream", response_class=EventStream, status_code=200, responses=_STREAM)
+async def join_stateless_run_stream(
+    run_id: str,
+    service: ServiceDep,
+    principal: PrincipalDep,
+    request: Request,
+    last_event_id: LastEventId = None,
+    stream_mode: StreamModeQuery = None,
+    cancel_on_disconnect: CancelOnDisconnect = False,
+) -> EventStream:
+    """Join a stateless background run's stream (``POST /runs``), as for a thread's run."""
+    return _join(service.stateless_run(run_id, principal), request, last_event_id, stream_mode, cancel_on_disconnect)
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/join", response_model=dict[str, Any])

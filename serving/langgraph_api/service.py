@@ -207,7 +207,7 @@ def thread_event_id(value: str | None) -> tuple[str, int | None] | None:
         ServingError: 400 for anything else.
     """
     value = (value or "").strip()
-    if not value:
+    if not value or value == "-1":  # -1: from the start (what useStream sends to rejoin)
         return None
     run_id, _, index = value.rpartition(":")
     if (
@@ -1036,7 +1036,7 @@ class LangGraphService:
         assert graph is not None
         run_record = RunRecord(
             run_id=str(uuid.uuid4()),
-            thread_id=None if stateless else thread_id,
+            thread_id=thread_id if keep else None,  # a kept stateless run names the thread it made
             assistant_id=assistant_uuid(entry.graph_id),
             tenant=principal.tenant,
             multitask_strategy=body.multitask_strategy,
@@ -1076,6 +1076,18 @@ class LangGraphService:
         record = self._host.runs.get(run_id, principal.tenant, thread_id)
         if record is None:
             raise ServingError(404, f"run {run_id!r} not found on thread {thread_id!r}")
+        return record
+
+    def stateless_run(self, run_id: str, principal: Principal) -> RunRecord:
+        """A stateless run (one with no thread of its own).
+
+        Raises:
+            ServingError: 404 for an unknown run, another tenant's, or a thread's run
+                (joined at ``/threads/{thread_id}/runs/{run_id}``).
+        """
+        record = self._host.runs.get(run_id, principal.tenant)
+        if record is None or record.thread_id is not None:
+            raise ServingError(404, f"stateless run {run_id!r} not found")
         return record
 
     def thread_runs(
