@@ -399,11 +399,13 @@ class RunRegistry:
 
     def ended(self, record: RunRecord) -> None:
         """The run has ended: a thread's run is kept for reads (``retention_s``, at most
-        ``max_finished`` of them); a stateless one cannot be addressed any more."""
-        if record.thread_id is None:
+        ``max_finished`` of them), and so is a stateless background run (its stream is
+        all a client can read of it: ``GET /runs/{run_id}/stream``); any other
+        stateless run cannot be addressed any more."""
+        if record.thread_id is None and record.frames is None:
             self._runs.pop(record.run_id, None)
             return
-        if self._active.get(record.thread_id) is record:
+        if record.thread_id is not None and self._active.get(record.thread_id) is record:
             del self._active[record.thread_id]
         self._finished.append(record)
         self._finished_frames += record.frames_bytes

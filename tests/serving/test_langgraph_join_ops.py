@@ -100,8 +100,10 @@ async def test_a_stateless_run_is_joined_at_runs_and_a_kept_one_names_its_thread
     url = f"/runs/{run['run_id']}/stream"
     assert (await globex.http.client.get(url)).status_code == 404  # another tenant's run
     ops_server.open_gate(gate)
-    joined = await acme.http.client.get(url, headers={"Last-Event-ID": "-1"})
-    assert joined.status_code == 200
+    live = await acme.http.client.get(url)  # joined while it runs: ends when the run ends
+    joined = await acme.http.client.get(url, headers={"Last-Event-ID": "-1"})  # and after it ended
+    assert live.status_code == joined.status_code == 200
+    assert _events(joined) == _events(live)
     names = [name for name, _ in _events(joined)]
     assert names[0] == "metadata" and "custom" in names and names[-1] == "values"
     # A thread's run is not a stateless one.
