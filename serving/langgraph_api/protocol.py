@@ -7,15 +7,20 @@ Request models ignore unknown fields: newer SDKs send more (``durability``,
 
 from __future__ import annotations
 
+import re
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AliasChoices, AliasGenerator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, AliasGenerator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from serving._json import json_problem
 
 __all__ = [
+    "HISTORY_FIELDS",
+    "MAX_EXTRACT",
+    "MAX_SEARCH_IDS",
+    "THREAD_FIELDS",
     "THREAD_ID_PATTERN",
     "AssistantCount",
     "AssistantSearch",
@@ -33,6 +38,7 @@ __all__ = [
     "ThreadPatch",
     "ThreadSearch",
     "assistant_uuid",
+    "extract_path",
 ]
 
 _SYSTEM_ASSISTANT_NAMESPACE = uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
@@ -92,27 +98,82 @@ class ThreadCreate(_Request):
     if_exists: Literal["raise", "do_nothing"] = "raise"
 
 
-class ThreadSearch(_Request):
-    """``POST /threads/search``: metadata containment, status, paging."""
+ThreadField = Literal["thread_id", "created_at", "updated_at", "metadata", "status", "values", "interrupts", "config"]
+"""The fields of a thread (``Thread`` below), which ``select`` and ``extract`` name."""
+
+THREAD_FIELDS: tuple[str, ...] = get_args(ThreadField)
+
+MAX_SEARCH_IDS = 1000
+"""The most thread ids one ``/threads/search`` may ask for."""
+
+MAX_EXTRACT = 10
+"""The most paths one ``/threads/search`` may extract (as LangGraph Server)."""
+
+_EXTRACT_STEP = re.compile(r"\.([^.\[\]]+)|\[(-?\d{1,9})\]")
+
+
+def extract_path(path: str) -> tuple[str, list[str | int]]:
+    """An ``extract`` path (``values.messages[-1].content``) as its thread field and the
+    keys and indices after it.
+
+    Raises:
+        ValueError: the path is not dot keys and bracketed indices after a thread field.
+    """
+    root = re.match(r"[^.\[\]]+", path)
+    if root is None or root.group() not in THREAD_FIELDS:
+        raise ValueError(f"path {path!r} must start with a thread field ({', '.join(THREAD_FIELDS)})")
+    steps: list[str | int] = []
+    position = root.end()
+    while position < len(path):
+        step = _EXTRACT_STEP.match(path, position)
+        if step is None:
+            raise ValueError(f"path {path!r}: expected .key or [index] at character {position}")
+        steps.append(step.group(1) if step.group(1) is not None else int(step.group(2)))
+        position = step.end()
+    return root.group(), steps
+
+
+class _ValuesFilter(_Request):
+    values: dict[str, Any] | None = None
+    """Threads whose latest state values contain these (as JSON containment: every key
+    with a value that contains the given one); checked thread by thread, in pages."""
+
+
+class ThreadSearch(_ValuesFilter):
+    """``POST /threads/search``: metadata containment, state values, ids, status,
+    order, paging, and the fields of each thread to answer."""
 
     metadata: dict[str, Any] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
+    ids: list[ThreadId] | None = Field(default=None, max_length=MAX_SEARCH_IDS)
+    """Only these threads (an empty list: no such filter, as the SDKs send none)."""
+    sort_by: Literal["thread_id", "status", "created_at", "updated_at"] | None = None
+    """Default ``created_at``."""
+    sort_order: Literal["asc", "desc"] | None = None
+    """Default ``desc``."""
+    select: list[ThreadField] | None = Field(default=None, min_length=1)
+    """Only these fields of each thread (all when absent)."""
+    extract: dict[str, str] | None = Field(default=None, max_length=MAX_EXTRACT)
+    """Alias -> path (``values.messages[-1]``): answered in each thread's ``extracted``,
+    None where the path leads nowhere."""
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=_MAX_OFFSET)
 
+    @field_validator("extract")
+    @classmethod
+    def _paths(cls, extract: dict[str, str] | None) -> dict[str, str] | None:
+        for alias, path in (extract or {}).items():
+            if not alias:
+                raise ValueError("an alias must not be empty")
+            extract_path(path)
+        return extract
 
-class ThreadCount(_Request):
+
+class ThreadCount(_ValuesFilter):
     """``POST /threads/count``: the filters of ``/threads/search``."""
 
     metadata: dict[str, Any] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
-
-
-class HistoryRequest(_Request):
-    """``POST /threads/{id}/history``."""
-
-    limit: int = Field(default=10, ge=1, le=1000)
-    before: dict[str, Any] | str | None = None
 
 
 class RunCommand(BaseModel):
@@ -246,6 +307,49 @@ class StateCheckpointRequest(_Request):
 
     checkpoint: CheckpointRef
     subgraphs: bool = False
+
+
+HistoryField = Literal["values", "next", "tasks", "checkpoint", "metadata", "created_at", "parent_checkpoint", "interrupts"]
+"""The fields of a state (``ThreadState`` below), which a history's ``select`` names."""
+
+HISTORY_FIELDS: tuple[str, ...] = get_args(HistoryField)
+
+_HISTORY_FILTER_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class HistoryRequest(_Request):
+    """``POST /threads/{id}/history``."""
+
+    limit: int = Field(default=10, ge=1, le=1000)
+    before: dict[str, Any] | str | None = None
+    metadata: dict[str, Any] | None = None
+    """Only checkpoints whose metadata has these top-level keys with these values
+    (``{"source": "input"}``, ``{"step": 2}``)."""
+    checkpoint: CheckpointRef | None = None
+    """The namespace to list (a subgraph's ``checkpoint_ns``) and, with a
+    ``checkpoint_id``, that one checkpoint."""
+    select: list[str] | None = Field(default=None, min_length=1)
+    """Only these fields of each state; ``values.<key>`` answers ``values`` with that
+    key alone."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _keys(cls, metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+        # The checkpointers read a dot as a path on SQLite and as part of the key on
+        # PostgreSQL, and SQLite's refuses other characters: allow what both read alike.
+        for key in metadata or {}:
+            if not _HISTORY_FILTER_KEY.match(key):
+                raise ValueError(f"key {key!r}: only letters, digits, '_' and '-' can be filtered on")
+        return metadata
+
+    @field_validator("select")
+    @classmethod
+    def _fields(cls, select: list[str] | None) -> list[str] | None:
+        for name in select or []:
+            key = name.removeprefix("values.") if name.startswith("values.") else None
+            if name not in HISTORY_FIELDS and not key:
+                raise ValueError(f"{name!r} is not a state field ({', '.join(HISTORY_FIELDS)}, or values.<key>)")
+        return select
 
 
 # ---- responses (for the OpenAPI schema; the service builds the same shapes) ----------

@@ -223,10 +223,16 @@ async def get_thread_state_at(
 async def get_thread_history(
     thread_id: ThreadIdPath, service: ServiceDep, principal: PrincipalDep, body: HistoryRequest | None = None
 ) -> Response:
-    """States newest first; ``before`` (a checkpoint id or ``{checkpoint_id}``) pages back."""
+    """States newest first; ``before`` (a checkpoint id or ``{checkpoint_id}``) pages back;
+    ``metadata`` filters on checkpoint metadata, ``checkpoint`` picks a subgraph's
+    namespace, ``select`` the fields of each state."""
     query = body or HistoryRequest()
     before = query.before.get("checkpoint_id") if isinstance(query.before, dict) else query.before
-    return _json(await service.thread_history(thread_id, query.limit, principal, before))
+    return _json(
+        await service.thread_history(
+            thread_id, query.limit, principal, before, metadata=query.metadata, checkpoint=query.checkpoint, select=query.select
+        )
+    )
 
 
 def _location(thread_id: str | None, run_id: str) -> str:

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,6 +46,7 @@ from serving.langgraph_api.modes import (
 from serving.langgraph_api.protocol import (
     AssistantCount,
     AssistantSearch,
+    CheckpointRef,
     RunBatchItem,
     RunCommand,
     RunCreate,
@@ -57,6 +58,7 @@ from serving.langgraph_api.protocol import (
     ThreadPatch,
     ThreadSearch,
     assistant_uuid,
+    extract_path,
 )
 from serving.runs import ClientError, RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages
 from serving.runs.registry import CONTROL_EVENTS, end_frame, event_mode
@@ -126,6 +128,16 @@ def _default(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return list(value)
     return repr(value)
+
+
+class _Unread:
+    """A thread's state not read yet (``None`` is a thread with no state)."""
+
+
+_UNREAD = _Unread()
+
+_VALUES_PAGE = 100
+"""Threads a ``values`` filter reads the state of per page of the store's candidates."""
 
 
 def dumps(value: Any) -> str:
@@ -470,11 +482,27 @@ class LangGraphService:
             raise ServingError(404, f"checkpoint_ns {checkpoint_ns!r} not found on thread {record.thread_id!r}: {exc}") from None
         return snapshot if snapshot.created_at is not None else None
 
-    async def _thread_json(self, record: ThreadRecord, principal: Principal) -> dict[str, Any]:
-        snapshot = await self._snapshot(record)
+    async def _thread_json(
+        self,
+        record: ThreadRecord,
+        principal: Principal,
+        *,
+        select: Sequence[str] | None = None,
+        extract: Mapping[str, str] | None = None,
+        snapshot: StateSnapshot | None | _Unread = _UNREAD,
+    ) -> dict[str, Any]:
+        """A thread as the reader may see it: only the ``select`` fields if given, with
+        ``extracted`` when ``extract`` names paths. Its state (``values``,
+        ``interrupts``) is read from the checkpointer only when an answer needs it,
+        unless the caller has read it already (``snapshot``)."""
+        roots = {extract_path(path)[0] for path in (extract or {}).values()}
+        wanted = set(select) | roots if select is not None else None
+        needs_state = wanted is None or bool(wanted & {"values", "interrupts"})
+        if isinstance(snapshot, _Unread):
+            snapshot = await self._snapshot(record) if needs_state else None
         interrupts = {task.id: _interrupts(task.interrupts) for task in snapshot.tasks if task.interrupts} if snapshot else {}
         policy = self._host.output_policy(principal)
-        return {
+        thread: dict[str, Any] = {
             "thread_id": record.thread_id,
             "created_at": record.created_at,
             "updated_at": record.updated_at,
@@ -484,6 +512,45 @@ class LangGraphService:
             "interrupts": checked_for_reading(interrupts, policy),
             "config": {},
         }
+        extracted = None
+        if extract:
+            whole = orjson.loads(dumps(thread))  # paths walk the JSON the client would see
+            extracted = {alias: self._extracted(whole, path) for alias, path in extract.items()}
+        if select is not None:
+            thread = {name: value for name, value in thread.items() if name in select}
+        if extracted is not None:
+            thread["extracted"] = extracted
+        return thread
+
+    @staticmethod
+    def _extracted(thread: dict[str, Any], path: str) -> Any:
+        """The value at an ``extract`` path in a thread's JSON; None where it leads nowhere."""
+        root, steps = extract_path(path)
+        value: Any = thread[root]
+        for step in steps:
+            if isinstance(step, int) and isinstance(value, list) and -len(value) <= step < len(value):
+                value = value[step]
+            elif isinstance(step, str) and isinstance(value, dict) and step in value:
+                value = value[step]
+            else:
+                return None
+        return value
+
+    @staticmethod
+    def _contains(value: Any, wanted: Any) -> bool:
+        """JSON containment, as PostgreSQL's ``@>``: objects hold every wanted key with a
+        value that contains the wanted one, arrays hold an item containing each wanted
+        item, scalars are equal (``1`` equals ``1.0``, ``true`` is not ``1``)."""
+        contains = LangGraphService._contains
+        if isinstance(wanted, dict):
+            return isinstance(value, dict) and all(k in value and contains(value[k], v) for k, v in wanted.items())
+        if isinstance(wanted, list):
+            return isinstance(value, list) and all(any(contains(item, w) for item in value) for w in wanted)
+        if isinstance(wanted, bool) or isinstance(value, bool):
+            return isinstance(wanted, bool) and isinstance(value, bool) and wanted == value
+        if isinstance(value, (dict, list)):
+            return False
+        return bool(value == wanted)
 
     async def _record(self, thread_id: str, principal: Principal) -> ThreadRecord:
         record = await self._threads.get(thread_id, tenant=principal.tenant)
@@ -505,21 +572,81 @@ class LangGraphService:
     async def get_thread(self, thread_id: str, principal: Principal) -> dict[str, Any]:
         return await self._thread_json(await self._record(thread_id, principal), principal)
 
+    def _store_pages(
+        self, query: ThreadSearch | ThreadCount, principal: Principal
+    ) -> Callable[[int, int], Awaitable[list[ThreadRecord]]]:
+        """``page(limit, offset)``: the tenant's records the store's own filters find."""
+        filters: dict[str, Any] = {"tenant": principal.tenant, "metadata": query.metadata, "status": query.status}
+        if isinstance(query, ThreadSearch):
+            filters.update(ids=query.ids or None, sort_by=query.sort_by or "created_at", sort_order=query.sort_order or "desc")
+
+        async def page(limit: int, offset: int) -> list[ThreadRecord]:
+            try:
+                return await self._threads.search(**filters, limit=limit, offset=offset)
+            except ValueError as exc:  # the store's whitelist of orders (the protocol checks them first)
+                raise ServingError(422, str(exc)) from None
+
+        return page
+
+    async def _with_values(
+        self, query: ThreadSearch | ThreadCount, principal: Principal, values: dict[str, Any]
+    ) -> AsyncIterator[tuple[ThreadRecord, StateSnapshot | None]]:
+        """The threads the query finds whose latest values (as the reader sees them)
+        contain ``values``, in the store's order, with their state: the store's
+        candidates are read a page of `_VALUES_PAGE` at a time, so no more than a page
+        of states is held at once and pages of results never repeat or skip one."""
+        page = self._store_pages(query, principal)
+        policy = self._host.output_policy(principal)
+        start = 0
+        while True:
+            candidates = await page(_VALUES_PAGE, start)
+            start += len(candidates)
+            for record in candidates:
+                snapshot = await self._snapshot(record)
+                seen = orjson.loads(dumps(checked_for_reading(snapshot.values, policy))) if snapshot else None
+                if self._contains(seen, values):
+                    yield record, snapshot
+            if len(candidates) < _VALUES_PAGE:
+                return
+
     async def search_threads(self, query: ThreadSearch, principal: Principal) -> list[dict[str, Any]]:
-        records = await self._threads.search(
-            tenant=principal.tenant, metadata=query.metadata, status=query.status, limit=query.limit, offset=query.offset
-        )
-        return [await self._thread_json(record, principal) for record in records]
+        """The tenant's threads the filters find, one page (``limit`` after ``offset``).
+
+        Raises:
+            ServingError: 422 for an order the store does not know.
+        """
+        found: list[tuple[ThreadRecord, StateSnapshot | None | _Unread]] = []
+        if not query.values:
+            found = [(record, _UNREAD) for record in await self._store_pages(query, principal)(query.limit, query.offset)]
+        else:
+            skipped = 0
+            async with aclosing(self._with_values(query, principal, query.values)) as matches:
+                async for match in matches:
+                    if skipped < query.offset:
+                        skipped += 1
+                        continue
+                    found.append(match)
+                    if len(found) >= query.limit:
+                        break
+        return [
+            await self._thread_json(record, principal, select=query.select, extract=query.extract, snapshot=snapshot)
+            for record, snapshot in found
+        ]
 
     async def count_threads(self, query: ThreadCount, principal: Principal) -> int:
         """The tenant's threads ``search_threads`` would find, all pages."""
-        total, page = 0, 1000
+        if query.values:
+            total = 0
+            async with aclosing(self._with_values(query, principal, query.values)) as matches:
+                async for _ in matches:
+                    total += 1
+            return total
+        page = self._store_pages(query, principal)
+        total, size = 0, 1000
         while True:
-            records = await self._threads.search(
-                tenant=principal.tenant, metadata=query.metadata, status=query.status, limit=page, offset=total
-            )
+            records = await page(size, total)
             total += len(records)
-            if len(records) < page:
+            if len(records) < size:
                 return total
 
     def _state_json(self, snapshot: StateSnapshot, principal: Principal) -> dict[str, Any]:
@@ -606,24 +733,68 @@ class LangGraphService:
         return self._state_json(snapshot, principal)
 
     async def thread_history(
-        self, thread_id: str, limit: int, principal: Principal, before: str | None = None
+        self,
+        thread_id: str,
+        limit: int,
+        principal: Principal,
+        before: str | None = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        checkpoint: CheckpointRef | None = None,
+        select: Sequence[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """States newest first, at most ``limit``, older than checkpoint ``before`` if given."""
+        """States newest first, at most ``limit``, older than checkpoint ``before`` if
+        given: those whose checkpoint metadata has the ``metadata`` keys and values, in
+        ``checkpoint``'s namespace (only its checkpoint when it has a
+        ``checkpoint_id``), with only the ``select`` fields (``values.<key>``: that
+        key of the values). A namespace with no checkpoints has an empty history.
+
+        Raises:
+            ServingError: 404 for an unknown thread.
+        """
         record = await self._record(thread_id, principal)
         graph = self._threaded(record.graph_id)
         if graph is None:
             return []
-        config = {"configurable": {"thread_id": thread_id}}
-        older = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": before}} if before else None
+        namespace = checkpoint.checkpoint_ns if checkpoint is not None else ""
+        configurable: dict[str, Any] = {"thread_id": thread_id}
+        if checkpoint is not None:
+            configurable["checkpoint_ns"] = namespace
+            if checkpoint.checkpoint_id:
+                configurable["checkpoint_id"] = checkpoint.checkpoint_id
+        older = {"configurable": {"thread_id": thread_id, "checkpoint_ns": namespace, "checkpoint_id": before}} if before else None
         states: list[dict[str, Any]] = []
         size = 0
-        async for snapshot in graph.aget_state_history(config, limit=limit, before=older):
-            state = self._state_json(snapshot, principal)
-            size += len(dumps(state))
-            if states and size > self._max_history_bytes:
-                break  # paged by size too: the client asks again with `before`
-            states.append(state)
+        history = graph.aget_state_history({"configurable": configurable}, filter=metadata or None, limit=limit, before=older)
+        async with aclosing(history):
+            while True:
+                try:
+                    snapshot = await anext(history)
+                except StopAsyncIteration:
+                    break
+                except ValueError as exc:  # LangGraph: "Subgraph ... not found" for a namespace it cannot read
+                    if not namespace:
+                        raise
+                    raise ServingError(404, f"checkpoint_ns {namespace!r} not found on thread {thread_id!r}: {exc}") from None
+                state = self._selected_state(self._state_json(snapshot, principal), select)
+                size += len(dumps(state))
+                if states and size > self._max_history_bytes:
+                    break  # paged by size too: the client asks again with `before`
+                states.append(state)
         return states
+
+    @staticmethod
+    def _selected_state(state: dict[str, Any], select: Sequence[str] | None) -> dict[str, Any]:
+        """Only the ``select`` fields of a state; ``values.<key>`` keeps that key of its
+        values (and ``values`` itself, holding the selected keys it has)."""
+        if select is None:
+            return state
+        keys = [name.removeprefix("values.") for name in select if name.startswith("values.")]
+        chosen = {name: value for name, value in state.items() if name in select}
+        if keys and "values" not in select:
+            values = state["values"]
+            chosen["values"] = {key: values[key] for key in keys if key in values} if isinstance(values, dict) else values
+        return chosen
 
     # ---- thread operations -----------------------------------------------------------
 
