@@ -173,10 +173,10 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
             threads=stores.threads, slots=slots, metrics=metrics, audit=audit, guardrails=guardrails, tracing=tracing,
             runs=runs, hook=run_hook,
         )
-        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, host, checks)
+        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, host, checks, store=stores.store)
         app.state.langgraph_service = LangGraphService(
             built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, host, checks,
-            max_history_bytes=server.history_max_bytes,
+            max_history_bytes=server.history_max_bytes, store=stores.store,
         )
         _tune_gc()
         log.info(

@@ -48,9 +48,10 @@ import logging
 import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
+from langgraph.pregel import Pregel
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -67,10 +68,13 @@ from langgraph.store.sqlite import SqliteStore
 
 from serving.threads import PostgresWorkers, SqliteWriter
 
+GraphT = TypeVar("GraphT", bound=Pregel[Any, Any, Any, Any])
+
 __all__ = [
     "SWEEP_INTERVAL_S",
     "StoreBackend",
     "TenantStore",
+    "tenant_graph",
     "open_postgres_store",
     "open_sqlite_store",
     "tenant_label",
@@ -293,3 +297,13 @@ class TenantStore(BaseStore):
         if isinstance(result, list):
             return [self._unscoped(entry) if isinstance(entry, Item) else self._strip(entry) for entry in result]  # type: ignore[return-value]
         return result
+
+
+def tenant_graph(graph: GraphT, store: BaseStore | None, tenant: str) -> GraphT:
+    """The compiled graph as a run of ``tenant`` uses it: its nodes' ``runtime.store``
+    (LangGraph's store, as LangGraph Server hands graphs theirs) is that tenant's view
+    of the server's store, the items ``/store/*`` shows the same tenant. A shallow copy
+    of the compiled graph (about 15 µs); the graph is returned as is without a store."""
+    if store is None:
+        return graph
+    return graph.copy(update={"store": TenantStore(store, tenant)})

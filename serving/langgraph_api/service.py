@@ -23,6 +23,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.errors import InvalidUpdateError
 from langgraph.pregel import Pregel
+from langgraph.store.base import BaseStore
 from langgraph.types import Command, Interrupt, StateSnapshot
 from langchain_core.messages import AIMessage, AIMessageChunk
 from pydantic import BaseModel
@@ -60,6 +61,7 @@ from serving.langgraph_api.protocol import (
     assistant_uuid,
     extract_path,
 )
+from serving.store import tenant_graph
 from serving.runs import ClientError, RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages
 from serving.runs.registry import CONTROL_EVENTS, end_frame, event_mode
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
@@ -388,12 +390,16 @@ class LangGraphService:
         *,
         max_history_bytes: int = 8 << 20,
         delete_wait_s: float = 30.0,
+        store: BaseStore | None = None,
     ) -> None:
         """Args:
             delete_wait_s: how long a thread delete waits for the thread's cancelled
                 run to end before it gives up (409, nothing deleted).
+            store: the server's LangGraph store; each run's nodes get their tenant's
+                view of it as ``runtime.store`` (`serving.store.tenant_graph`).
         """
         self._host = host
+        self._store = store
         self._delete_wait_s = delete_wait_s
         self._checks = checks
         self._graphs = graphs
@@ -1204,6 +1210,7 @@ class LangGraphService:
                 )
         keep = not stateless or body.on_completion == "keep"
         graph = entry.threaded if keep else self._scratch_graphs[entry.graph_id]
+        graph = tenant_graph(graph, self._store, principal.tenant)
         assert graph is not None
         run_record = RunRecord(
             run_id=str(uuid.uuid4()),

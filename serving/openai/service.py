@@ -24,6 +24,7 @@ from contextlib import aclosing
 from typing import Any
 
 from langchain_core.messages import BaseMessage, convert_to_messages
+from langgraph.store.base import BaseStore
 
 from gateway import ModelGateway
 from graphs import (
@@ -42,6 +43,7 @@ from serving.auth import Principal
 from serving.errors import RequestError, ServingError
 from serving.guardrails import OutputGuard
 from serving.runs import ActiveRun, RunChecks, RunHost, RunPlan
+from serving.store import tenant_graph
 from serving.openai.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -309,7 +311,14 @@ class ChatCompletionService:
     """Serves ``/v1/chat/completions`` and ``/v1/models`` from the platform's graphs
     and model aliases; every run goes through the `RunHost`."""
 
-    def __init__(self, gateway: ModelGateway, graphs: GraphRegistry, host: RunHost, checks: RunChecks) -> None:
+    def __init__(
+        self, gateway: ModelGateway, graphs: GraphRegistry, host: RunHost, checks: RunChecks, *, store: BaseStore | None = None
+    ) -> None:
+        """Args:
+            store: the server's LangGraph store; a graph run's nodes get their tenant's
+                view of it as ``runtime.store`` (`serving.store.tenant_graph`).
+        """
+        self._store = store
         self._gateway = gateway
         self._graphs = graphs
         self._host = host
@@ -401,7 +410,7 @@ class ChatCompletionService:
 
     def _run_events(self, request: ChatCompletionRequest, messages: list[BaseMessage], run: ActiveRun) -> AsyncIterator[GraphEvent]:
         """Start the graph run for a request; its events, in the caller's task."""
-        graph = self._graphs.get(request.model).graph
+        graph = tenant_graph(self._graphs.get(request.model).graph, self._store, run.plan.principal.tenant)
         stream = graph.astream(
             {"messages": messages},
             {"callbacks": run.span.callbacks} if run.span.callbacks else None,

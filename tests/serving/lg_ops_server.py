@@ -1,6 +1,7 @@
 """The server the LangGraph thread and run operation tests share: two tenants with keys,
 the chat graph on the scripted backend (``fake-ok``), and the graphs of
-``tests/fakes/gated.py`` (a gate the test opens, a subgraph that interrupts)."""
+``tests/fakes/gated.py`` (a gate the test opens, a subgraph that interrupts), and
+``tests/fakes/memory.py`` (a node that remembers in the store)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def ops_server(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) 
             "gated": {"path": "tests.fakes.gated:make_gated_graph", "model": "chat-default"},
             "nested": {"path": "tests.fakes.gated:make_nested_graph", "model": "chat-default"},
             "confirm": {"path": "tests.fakes.graphs:make_confirm_graph", "model": "chat-default"},
+            "memory": {"path": "tests.fakes.memory:make_memory_graph", "model": "chat-default"},
         },
         "auth": {"tenants": TENANTS},
         "guardrails": {"blocked_terms": [BLOCKED]},
