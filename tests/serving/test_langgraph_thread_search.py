@@ -8,12 +8,18 @@ Runs go through the graphs of ``tests/fakes/gated.py``."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import NotFoundError, UnprocessableEntityError
 
+from serving.auth import Principal, TenantSettings
+from serving.langgraph_api.protocol import ThreadSearch
+from serving.langgraph_api.service import LangGraphService
+from serving.persistence import ThreadSettings, open_thread_stores
 from tests.serving.lg_ops_server import clients, ops_server, says  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
@@ -198,3 +204,35 @@ async def test_history_of_a_subgraph_namespace(clients: dict[str, LangGraphClien
     assert [s["checkpoint"] for s in one] == [inner[-1]["checkpoint"]]
     with pytest.raises(NotFoundError):
         await clients["globex"].threads.get_history(tid, checkpoint={"checkpoint_ns": namespace})
+
+
+async def test_search_reads_no_state_unless_an_answer_needs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process, on a real SQLite store: which searches read each thread's state
+    (``values`` and ``interrupts`` live in the checkpointer, the rest in the store)."""
+    stores = await open_thread_stores(ThreadSettings(), tmp_path)
+    try:
+        for _ in range(3):
+            await stores.threads.create(tenant="a", graph_id="chat", metadata={"tag": "t"})
+        await stores.threads.create(tenant="b", graph_id="chat", metadata={"tag": "t"})
+        host = SimpleNamespace(output_policy=lambda principal: None)
+        service = LangGraphService([], stores.threads, stores.checkpointer, host, None)  # type: ignore[arg-type]
+        reads: list[str] = []
+
+        async def snapshot(record: Any, *args: Any, **kwargs: Any) -> None:
+            reads.append(record.thread_id)
+
+        monkeypatch.setattr(service, "_snapshot", snapshot)
+        principal = Principal(tenant="a", key_id="k", settings=TenantSettings())
+
+        async def search(**body: Any) -> list[dict[str, Any]]:
+            reads.clear()
+            return await service.search_threads(ThreadSearch(**body), principal)
+
+        found = await search(select=["thread_id", "status", "metadata", "created_at", "updated_at", "config"])
+        assert len(found) == 3 and reads == []
+        assert len(await search(extract={"tag": "metadata.tag"}, select=["thread_id"])) == 3 and reads == []
+        assert len(await search(select=["thread_id", "interrupts"])) == 3 and len(reads) == 3
+        assert len(await search(select=["thread_id"], extract={"m": "values.messages[-1]"})) == 3 and len(reads) == 3
+        assert len(await search()) == 3 and len(reads) == 3
+    finally:
+        await stores.aclose()
