@@ -213,6 +213,14 @@ describe("runs: background runs", () => {
     const values = await sdk.runs.join(run.thread_id, run.run_id);
     assert.equal(text(values.messages.at(-1)), HELLO);
     assert.equal((await sdk.runs.get(run.thread_id, run.run_id)).status, "success");
+
+    // Without keep the run has no thread to name: its stream is read by run id alone.
+    const gone = await sdk.runs.create(null, "chat", { input: HI, streamMode: ["values"] });
+    assert.equal(gone.thread_id, null);
+    const parts = await collect(sdk.runs.joinStream(null, gone.run_id));
+    assert.equal(parts[0].event, "metadata");
+    assert.equal(text(parts.filter((p) => p.event === "values").at(-1).data.messages.at(-1)), HELLO);
+    await refused(collect(other.runs.joinStream(null, gone.run_id)), 404);
   });
 
   test("createBatch: several stateless runs in one request", async () => {
