@@ -387,6 +387,21 @@ class Thread(_Response):
     config: dict[str, Any]
 
 
+class SearchedThread(_Response):
+    """A thread as ``/threads/search`` answers it: every field of `Thread`, or only
+    those ``select`` names; ``extracted`` holds the ``extract`` paths' values."""
+
+    thread_id: str | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    metadata: dict[str, Any] | None = None
+    status: Literal["idle", "busy", "interrupted", "error"] | None = None
+    values: dict[str, Any] | None = None
+    interrupts: dict[str, list[dict[str, Any]]] | None = None
+    config: dict[str, Any] | None = None
+    extracted: dict[str, Any] | None = None
+
+
 class Checkpoint(_Response):
     thread_id: str | None
     checkpoint_ns: str

@@ -25,6 +25,7 @@ from serving.langgraph_api.protocol import (
     Run,
     RunBatchItem,
     RunCreate,
+    SearchedThread,
     StateCheckpointRequest,
     StatePatch,
     StateUpdate,
@@ -127,7 +128,7 @@ async def create_thread(service: ServiceDep, principal: PrincipalDep, body: Thre
     return _json(await service.create_thread(body or ThreadCreate(), principal))
 
 
-@router.post("/threads/search", response_model=list[Thread])
+@router.post("/threads/search", response_model=list[SearchedThread])
 async def search_threads(service: ServiceDep, principal: PrincipalDep, body: ThreadSearch | None = None) -> Response:
     return _json(await service.search_threads(body or ThreadSearch(), principal))
 

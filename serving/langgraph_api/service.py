@@ -100,12 +100,25 @@ always has) and the ``messages/*`` events, which only a run that asked for mode
 def join_events(stream_mode: list[str] | None) -> frozenset[str] | None:
     """The event names a joined stream keeps for its ``stream_mode`` query parameter
     (``None``: all of them). Empty values are no filter: ``langgraph-sdk`` sends
-    ``stream_mode=`` when given none.
+    ``stream_mode=`` when given none. A value that is a JSON array is its modes (the
+    JS SDK 2.0 sends a list of modes so: ``stream_mode=["values","updates"]``).
 
     Raises:
-        ServingError: 422 naming an unknown mode.
+        ServingError: 422 naming an unknown mode, or a JSON array of anything but strings.
     """
-    stream_mode = [mode for mode in stream_mode or [] if mode]
+    modes: list[str] = []
+    for value in stream_mode or []:
+        if value.startswith("["):
+            try:
+                listed = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                listed = None
+            if not isinstance(listed, list) or not all(isinstance(mode, str) for mode in listed):
+                raise ServingError(422, f"stream_mode {value[:100]!r} is neither a mode nor a JSON array of modes")
+            modes.extend(listed)
+        else:
+            modes.append(value)
+    stream_mode = [mode for mode in modes if mode]
     if not stream_mode:
         return None
     unknown = [mode for mode in stream_mode if mode not in _JOIN_MODES]

@@ -90,3 +90,17 @@ async def test_a_subgraphs_events_count_as_their_mode() -> None:
         "event: metadata", "event: values|child:1", "event: values", "event: error"]
     resumed = [f async for f in record.follow(1, events=frozenset({"messages"}))]
     assert [f.split("\n")[2] for f in resumed] == ["id: 4", "id: 5"]
+
+
+def test_a_json_array_of_modes_is_its_modes() -> None:
+    """The JS SDK 2.0 sends several modes as one JSON array value."""
+    from serving.errors import ServingError
+    from serving.langgraph_api.service import join_events
+
+    assert join_events(['["values","updates"]']) == join_events(["values", "updates"]) == frozenset({"values", "updates"})
+    assert join_events(['["values"]', "custom"]) == frozenset({"values", "custom"})
+    assert join_events(["[]"]) is None and join_events([""]) is None
+    for bad in ('["values", 1]', "[values", '{"a": 1}', '["bogus"]'):
+        with pytest.raises(ServingError) as refused:
+            join_events([bad])
+        assert refused.value.status == 422

@@ -109,10 +109,15 @@ def _node_id_shim(request: pytest.FixtureRequest) -> None:
         request.node._nodeid = request.node.nodeid  # noqa: SLF001
 
 
+LIVE_STREAMS = frozenset({"/threads/{thread_id}/stream"})
+"""Streams that stay open until the client leaves: a thread's stream carries its runs
+as they come (the fuzzed ids rarely name a thread, so few cases wait the timeout)."""
+
+
 def stream_ends(ctx: CheckContext, response: Response, case: Case) -> bool | None:
     """An event stream ends within the request timeout: with the event cap out of
     reach, a stream cut short is one still open when the timeout passed."""
-    if response.stream_cut_short:
+    if response.stream_cut_short and case.operation.path not in LIVE_STREAMS:
         raise AssertionError(f"the event stream did not end within {REQUEST_TIMEOUT_S} s")
     return None
 
