@@ -147,6 +147,15 @@ class _UnitSaver:
         copy = self.copy_thread  # type: ignore[attr-defined]
         await self._unit("checkpoint copy", lambda: copy(source_thread_id, target_thread_id), write=True)
 
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest``: keep only the latest checkpoint of each namespace of each
+        thread (with its pending writes; it is left with no parent), ``delete``: every
+        checkpoint. SQLite: one transaction for all the threads (`_SqliteSaver.prune`);
+        PostgreSQL: the library's ``prune``, one transaction per thread. A thread whose
+        graph uses a ``DeltaChannel`` is refused (``NotImplementedError``; nothing pruned)."""
+        prune = self.prune  # type: ignore[attr-defined]
+        await self._unit("checkpoint prune", lambda: prune(list(thread_ids), strategy=strategy), write=True)
+
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, Any]:
@@ -177,6 +186,29 @@ _POSTGRES_COPY = (
     SELECT %s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
     FROM checkpoint_writes WHERE thread_id = %s""",
 )
+_SQLITE_PRUNE_DELTA = """
+SELECT 1 FROM checkpoints WHERE thread_id = ? AND (
+    json_type(CAST(metadata AS TEXT), '$.counters_since_delta_snapshot') IS NOT NULL
+    OR json_type(CAST(metadata AS TEXT), '$.delta_writes_versioned') IS NOT NULL
+) LIMIT 1
+"""
+_SQLITE_PRUNE_KEEP_LATEST = (
+    # Writes of the checkpoints that go (newer ones, saved before their checkpoint, stay).
+    """DELETE FROM writes WHERE thread_id = ?1 AND checkpoint_id < (
+        SELECT MAX(c.checkpoint_id) FROM checkpoints c
+        WHERE c.thread_id = ?1 AND c.checkpoint_ns = writes.checkpoint_ns)""",
+    """DELETE FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id < (
+        SELECT MAX(c.checkpoint_id) FROM checkpoints c
+        WHERE c.thread_id = ?1 AND c.checkpoint_ns = checkpoints.checkpoint_ns)""",
+    """UPDATE checkpoints SET parent_checkpoint_id = NULL WHERE thread_id = ?1
+    AND parent_checkpoint_id IS NOT NULL AND parent_checkpoint_id NOT IN (
+        SELECT c.checkpoint_id FROM checkpoints c WHERE c.thread_id = ?1 AND c.checkpoint_ns = checkpoints.checkpoint_ns)""",
+)
+"""One thread's ``keep_latest`` prune on SQLite: the latest checkpoint of each
+namespace stays (SQLite keeps channel values in the checkpoint row: no blobs to keep),
+with its pending writes, and no parent."""
+_SQLITE_PRUNE_DELETE = ("DELETE FROM checkpoints WHERE thread_id = ?1", "DELETE FROM writes WHERE thread_id = ?1")
+
 """A thread's checkpoint rows copied to another thread id (the tables of the installed
 ``langgraph-checkpoint-sqlite`` / ``-postgres``; `tests/contracts/test_checkpoint_copy.py`
 runs them)."""
@@ -210,6 +242,21 @@ class _SqliteSaver(_UnitSaver, SqliteSaver):
         with self.cursor() as cursor:
             cursor.execute(_SQLITE_COPY_CHECKPOINTS, (target_thread_id, source_thread_id))
             cursor.execute(_SQLITE_COPY_WRITES, (target_thread_id, source_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        # Not in the library's SQLite saver; one unit (one transaction) for all threads.
+        if isinstance(thread_ids, str):
+            raise TypeError("thread_ids must be a sequence of thread ids, not a str")
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown prune strategy: {strategy!r}")
+        with self.cursor() as cursor:
+            if strategy == "keep_latest":
+                delta = [t for t in thread_ids if cursor.execute(_SQLITE_PRUNE_DELTA, (t,)).fetchone()]
+                if delta:
+                    raise NotImplementedError(f"keep_latest can't prune threads that use a DeltaChannel: {', '.join(delta)}")
+            for thread_id in thread_ids:
+                for statement in _SQLITE_PRUNE_KEEP_LATEST if strategy == "keep_latest" else _SQLITE_PRUNE_DELETE:
+                    cursor.execute(statement, (thread_id,))
 
     async def asetup(self) -> None:
         """Create the tables if needed (once, at open)."""

@@ -102,3 +102,35 @@ async def test_a_checkpoint_put_again_keeps_its_place(stores: ThreadStores) -> N
     assert await _history(graph, "a") == before
     result = await graph.ainvoke(Command(resume="ok"), _config("a"))  # pending writes still resume it
     assert result["messages"][-1].content == "answer: ok"
+
+
+
+
+async def test_prune_keep_latest_keeps_each_namespace_latest_state(stores: ThreadStores) -> None:
+    """``POST /threads/prune`` with ``keep_latest``: the latest checkpoint of the root
+    and of the waiting subgraph stay (with the pending writes that resume it); older
+    ones go; another thread is untouched."""
+    graph = _graph(stores)
+    for thread_id in ("a", "b"):
+        await graph.ainvoke({"messages": [HumanMessage("hi")]}, _config(thread_id))
+    other = await _history(graph, "b")
+    before = await graph.aget_state(_config("a"), subgraphs=True)
+    assert len(await _history(graph, "a")) > 1
+    subgraph_ns = before.tasks[0].state.config["configurable"]["checkpoint_ns"]
+    inner_before = [t async for t in stores.checkpointer.alist({"configurable": {"thread_id": "a", "checkpoint_ns": subgraph_ns}})]
+
+    await stores.checkpointer.aprune(["a"], strategy="keep_latest")  # type: ignore[attr-defined]
+
+    history = await _history(graph, "a")
+    assert len(history) == 1 and history[0][0] == before.config["configurable"]["checkpoint_id"]
+    after = await graph.aget_state(_config("a"), subgraphs=True)
+    assert after.values == before.values and after.next == before.next and after.parent_config is None
+    assert after.tasks[0].state.values == before.tasks[0].state.values
+    inner_after = [t async for t in stores.checkpointer.alist({"configurable": {"thread_id": "a", "checkpoint_ns": subgraph_ns}})]
+    assert len(inner_before) > 1 and [t.checkpoint["id"] for t in inner_after] == [inner_before[0].checkpoint["id"]]
+    assert await _history(graph, "b") == other  # another thread: untouched
+    result = await graph.ainvoke(Command(resume="yes"), _config("a"))  # still resumes
+    assert result["messages"][-1].content == "answer: yes"
+    # Pruning again, or an unknown thread, is harmless.
+    await stores.checkpointer.aprune(["a", "nope"], strategy="keep_latest")  # type: ignore[attr-defined]
+    assert len(await _history(graph, "a")) == 1
