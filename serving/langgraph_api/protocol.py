@@ -25,8 +25,12 @@ __all__ = [
     "AssistantCount",
     "AssistantSearch",
     "HistoryRequest",
+    "MAX_BULK",
     "RunCommand",
     "RunBatchItem",
+    "RunsCancel",
+    "ThreadPrune",
+    "ThreadPruned",
     "RunConfig",
     "RunCreate",
     "StateCheckpointRequest",
@@ -268,6 +272,29 @@ MAX_BATCH = 100
 """The most runs one ``POST /runs/batch`` starts."""
 
 
+MAX_BULK = 1000
+"""The most ids one ``POST /threads/prune`` or ``POST /runs/cancel`` names."""
+
+
+class ThreadPrune(_Request):
+    """``POST /threads/prune``."""
+
+    thread_ids: Annotated[list[ThreadId], Field(max_length=MAX_BULK)]
+    """The threads; another tenant's and unknown ones are skipped (not counted)."""
+    strategy: Literal["delete", "keep_latest"] = "delete"
+    """``delete``: each thread as ``DELETE /threads/{id}`` does; ``keep_latest``: only
+    each namespace's latest checkpoint (and its writes) stays, with the thread."""
+
+
+class RunsCancel(_Request):
+    """``POST /runs/cancel``: ``run_ids`` (on ``thread_id`` if given), or every run of
+    the tenant in ``status`` (on ``thread_id`` if given)."""
+
+    thread_id: ThreadId | None = None
+    run_ids: Annotated[list[Annotated[str, Field(pattern=THREAD_ID_PATTERN)]], Field(max_length=MAX_BULK)] | None = None
+    status: Literal["pending", "running", "all"] | None = None
+
+
 class ThreadPatch(_Request):
     """``PATCH /threads/{id}``."""
 
@@ -433,6 +460,11 @@ class Run(_Response):
     status: Literal["pending", "running", "error", "success", "timeout", "interrupted"]
     metadata: dict[str, Any]
     multitask_strategy: str
+
+
+class ThreadPruned(_Response):
+    pruned_count: int
+    """Threads deleted (``delete``) or pruned (``keep_latest``)."""
 
 
 class Ok(_Response):

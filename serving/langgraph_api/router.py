@@ -25,6 +25,7 @@ from serving.langgraph_api.protocol import (
     Run,
     RunBatchItem,
     RunCreate,
+    RunsCancel,
     SearchedThread,
     StateCheckpointRequest,
     StatePatch,
@@ -33,6 +34,8 @@ from serving.langgraph_api.protocol import (
     ThreadCount,
     ThreadCreate,
     ThreadPatch,
+    ThreadPrune,
+    ThreadPruned,
     ThreadSearch,
     ThreadState,
 )
@@ -46,6 +49,7 @@ from serving.langgraph_api.service import (
 )
 from serving.runs import RunRecord
 from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect
+from serving.sse import cancel_on_disconnect as _disconnect_cancels  # `join_run` has a parameter of that name
 
 __all__ = ["open_router", "router"]
 
@@ -137,6 +141,15 @@ async def search_threads(service: ServiceDep, principal: PrincipalDep, body: Thr
 async def count_threads(service: ServiceDep, principal: PrincipalDep, body: ThreadCount | None = None) -> Response:
     """How many of the tenant's threads ``/threads/search`` finds with these filters."""
     return _json(await service.count_threads(body or ThreadCount(), principal))
+
+
+@router.post("/threads/prune", response_model=ThreadPruned)
+async def prune_threads(body: ThreadPrune, service: ServiceDep, principal: PrincipalDep) -> Response:
+    """``delete`` the threads (as ``DELETE /threads/{id}``), or ``keep_latest``: keep
+    each thread with only its latest checkpoint per namespace (409 naming a thread with
+    a run in progress; nothing pruned). Another tenant's and unknown ids are skipped
+    and not counted."""
+    return _json({"pruned_count": await service.prune_threads(body, principal)})
 
 
 @router.get("/threads/{thread_id}", response_model=Thread)
@@ -529,12 +542,56 @@ async def join_stateless_run_stream(
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/join", response_model=dict[str, Any])
-async def join_run(thread_id: ThreadIdPath, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
+async def join_run(
+    thread_id: ThreadIdPath,
+    run_id: str,
+    service: ServiceDep,
+    principal: PrincipalDep,
+    request: Request,
+    cancel_on_disconnect: CancelOnDisconnect = False,
+) -> Response:
     """Wait for the run to end; answer with the thread's values."""
     run = service.run_record(thread_id, run_id, principal)
-    await run.wait()
+    if cancel_on_disconnect:
+        ended = False
+        try:
+            async with _disconnect_cancels(request.receive):
+                await run.wait()
+            ended = True
+        finally:
+            if not ended and not run.done:  # the client left (or the server is stopping)
+                run.guard.stop(RunCancelledError("the client that joined with cancel_on_disconnect left"))
+    else:
+        await run.wait()
     state = await service.thread_state(thread_id, principal)
     return _json(state["values"])
+
+
+CancelReason = Annotated[
+    str | None,
+    Query(max_length=500, pattern=r"^[^\x00-\x1f\x7f]*$", description="Why (in the run's error event; no control characters)"),
+]
+
+
+@router.post(
+    "/runs/cancel",
+    status_code=204,
+    response_class=Response,
+    responses={204: {"description": "Cancellation requested"}},
+)
+async def cancel_runs(
+    body: RunsCancel,
+    service: ServiceDep,
+    principal: PrincipalDep,
+    action: Literal["interrupt", "rollback"] = "interrupt",
+) -> Response:
+    """Cancel the tenant's runs: ``run_ids`` (on ``thread_id`` if given; 404 naming
+    the ones not found, and then none is cancelled), or every run in ``status``
+    (``pending``, ``running``, ``all``; on ``thread_id`` if given)."""
+    if action != "interrupt":
+        raise ServingError(400, "cancel action 'rollback' is not supported; use interrupt")
+    await service.cancel_runs(body, principal)
+    return Response(status_code=204)
 
 
 @router.post(
@@ -551,13 +608,15 @@ async def cancel_run(
     principal: PrincipalDep,
     wait: bool = False,
     action: Literal["interrupt", "rollback"] = "interrupt",
+    reason: CancelReason = None,
 ) -> Response:
-    """Cancel a run in progress (``action=interrupt``: what it saved stays)."""
+    """Cancel a run in progress (``action=interrupt``: what it saved stays); a
+    ``reason`` is carried into the run's ``error`` event."""
     if action != "interrupt":
         raise ServingError(400, "cancel action 'rollback' is not supported; use interrupt")
     run = service.run_record(thread_id, run_id, principal)
     if not run.done:
-        run.guard.stop(RunCancelledError("cancelled on request"))
+        run.guard.stop(RunCancelledError(f"cancelled on request: {reason}" if reason else "cancelled on request"))
         if wait:
             await run.wait()
     return Response(status_code=204 if wait else 202)

@@ -51,12 +51,14 @@ from serving.langgraph_api.protocol import (
     RunBatchItem,
     RunCommand,
     RunCreate,
+    RunsCancel,
     StatePatch,
     StateUpdate,
     StreamModeName,
     ThreadCount,
     ThreadCreate,
     ThreadPatch,
+    ThreadPrune,
     ThreadSearch,
     assistant_uuid,
     extract_path,
@@ -863,6 +865,46 @@ class LangGraphService:
             await self._threads.delete(thread_id)
         runs.forget_thread(thread_id)
 
+    async def prune_threads(self, body: ThreadPrune, principal: Principal) -> int:
+        """``POST /threads/prune``: the tenant's threads of ``thread_ids`` (others and
+        unknown ones skipped, not counted, never named).
+
+        ``delete``: each as `delete_thread` does, one after the other. ``keep_latest``:
+        every thread's ``update`` claim is taken first (so no run starts meanwhile),
+        then the checkpointer keeps only each namespace's latest checkpoint; the thread
+        and its state stay.
+
+        Returns:
+            How many threads were deleted or pruned.
+
+        Raises:
+            ServingError: 409 (``keep_latest``) naming a thread with a run in progress
+                or another operation on it (nothing pruned), or one whose graph uses a
+                ``DeltaChannel``; 409 (``delete``) naming a thread whose run did not end
+                in time (the threads before it are deleted; pruning again finishes).
+        """
+        owned = [t for t in dict.fromkeys(body.thread_ids) if await self._threads.get(t, tenant=principal.tenant)]
+        if body.strategy == "delete":
+            deleted = 0
+            for thread_id in owned:
+                try:
+                    await self.delete_thread(thread_id, principal)
+                except ServingError as exc:
+                    if exc.status == 404:  # deleted meanwhile
+                        continue
+                    raise ServingError(exc.status, f"{exc}; {deleted} thread(s) before it were deleted") from None
+                deleted += 1
+            return deleted
+        runs = self._host.runs
+        with contextlib.ExitStack() as claims:
+            for thread_id in owned:  # no await: all claimed, or a 409 and none
+                claims.enter_context(runs.claim(thread_id, "update"))
+            try:
+                await self._checkpointer.aprune(owned, strategy="keep_latest")
+            except NotImplementedError as exc:
+                raise ServingError(409, f"thread_ids: {exc}; nothing was pruned") from None
+        return len(owned)
+
     def _thread_graph(self, record: ThreadRecord, principal: Principal) -> tuple[str, Pregel[Any, Any, Any, Any]]:
         """The graph a thread's state belongs to.
 
@@ -1287,6 +1329,39 @@ class LangGraphService:
         """The thread's runs this process knows of, newest first, ``status`` only if given."""
         found = [r for r in self._host.runs.of_thread(thread_id, principal.tenant) if status is None or r.status == status]
         return [r.json() for r in found[offset : offset + limit]]
+
+    async def cancel_runs(self, body: RunsCancel, principal: Principal) -> None:
+        """``POST /runs/cancel``: cancel the tenant's runs named by ``run_ids`` (on
+        ``thread_id`` if given), or all its runs in ``status`` (on ``thread_id`` if
+        given); with both, those of ``run_ids`` in ``status``. A run that has ended
+        already is left as it is.
+
+        Raises:
+            ServingError: 422 with neither ``run_ids`` nor ``status``; 404 for an
+                unknown ``thread_id``, or naming the ``run_ids`` not found (another
+                tenant's included) and then nothing is cancelled.
+        """
+        if body.run_ids is None and body.status is None:
+            raise ServingError(422, "run_ids or status is required")
+        runs = self._host.runs
+        if body.thread_id is not None:
+            await self._record(body.thread_id, principal)
+        if body.run_ids is not None:
+            found = {run_id: runs.get(run_id, principal.tenant, body.thread_id) for run_id in dict.fromkeys(body.run_ids)}
+            if missing := [run_id for run_id, record in found.items() if record is None]:
+                where = f" on thread {body.thread_id!r}" if body.thread_id is not None else ""
+                more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
+                raise ServingError(
+                    404, f"run_ids: run(s) not found{where}: {', '.join(missing[:10])}{more}; none was cancelled"
+                )
+            chosen = [record for record in found.values() if record is not None]
+        else:
+            chosen = runs.of_tenant(principal.tenant)
+            if body.thread_id is not None:
+                chosen = [r for r in chosen if r.thread_id == body.thread_id]
+        for record in chosen:
+            if not record.done and body.status in (None, "all", record.status):
+                record.guard.stop(RunCancelledError("cancelled on request"))
 
     def delete_run(self, thread_id: str, run_id: str, principal: Principal) -> None:
         """Forget a finished run.

@@ -423,6 +423,10 @@ class RunRegistry:
             return None
         return record
 
+    def of_tenant(self, tenant: str) -> list[RunRecord]:
+        """The tenant's runs this process knows of (``POST /runs/cancel`` by status)."""
+        return [r for r in self._runs.values() if r.tenant == tenant]
+
     def of_thread(self, thread_id: str, tenant: str) -> list[RunRecord]:
         found = [r for r in self._runs.values() if r.thread_id == thread_id and r.tenant == tenant]
         return sorted(found, key=lambda r: r.created_at, reverse=True)
