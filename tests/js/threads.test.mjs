@@ -289,4 +289,42 @@ describe("threads", () => {
     assert.ok(!(await other.threads.search({ ids: [id], limit: 1000 })).some((t) => t.thread_id === id));
     assert.equal((await sdk.threads.get(id)).thread_id, id); // still there
   });
+  test("prune delete: the tenant's threads go (a run in progress is cancelled); others are skipped", async () => {
+    const idle = (await chatted()).thread_id;
+    const busy = (await sdk.threads.create()).thread_id;
+    const run = await sdk.runs.create(busy, "ticker", { input: { ...HI, ticks: 2000 } });
+    const theirs = (await other.threads.create()).thread_id;
+    assert.deepEqual(await other.threads.prune([idle, busy]), { pruned_count: 0 });
+    assert.equal((await sdk.threads.get(idle)).thread_id, idle);
+    assert.ok(["pending", "running"].includes((await sdk.runs.get(busy, run.run_id)).status));
+
+    assert.deepEqual(await sdk.threads.prune([idle, busy, theirs, tag()]), { pruned_count: 2 });
+    await refused(sdk.threads.get(idle), 404);
+    await refused(sdk.threads.get(busy), 404);
+    assert.equal((await other.threads.get(theirs)).thread_id, theirs);
+    const tooMany = Array.from({ length: 1001 }, () => tag());
+    assert.match(await refused(sdk.threads.prune(tooMany), 422), /thread_ids/);
+  });
+
+  test("prune keep_latest: the thread and its latest state stay, older checkpoints go", async () => {
+    const id = (await chatted()).thread_id;
+    await sdk.runs.wait(id, "chat", { input: HI });
+    const state = await sdk.threads.getState(id);
+    assert.ok((await sdk.threads.getHistory(id, { limit: 100 })).length > 1);
+    assert.deepEqual(await other.threads.prune([id], { strategy: "keep_latest" }), { pruned_count: 0 });
+
+    assert.deepEqual(await sdk.threads.prune([id], { strategy: "keep_latest" }), { pruned_count: 1 });
+    const history = await sdk.threads.getHistory(id, { limit: 100 });
+    assert.equal(history.length, 1);
+    assert.equal(history[0].checkpoint.checkpoint_id, state.checkpoint.checkpoint_id);
+    assert.deepEqual((await sdk.threads.getState(id)).values, state.values);
+    const next = await sdk.runs.wait(id, "chat", { input: HI });
+    assert.equal(next.messages.length, state.values.messages.length + 2);
+
+    // A thread with a run in progress: 409 naming it, nothing pruned.
+    const run = await sdk.runs.create(id, "ticker", { input: { ...HI, ticks: 2000 } });
+    const detail = await refused(sdk.threads.prune([id], { strategy: "keep_latest" }), 409);
+    assert.ok(detail.includes(id), detail);
+    await sdk.runs.cancel(id, run.run_id, true);
+  });
 });
