@@ -311,4 +311,61 @@ describe("runs: background runs", () => {
     await sdk.runs.delete(threadId, running.run_id);
     await refused(sdk.runs.get(threadId, running.run_id), 404);
   });
+  test("cancelMany: by run ids (404 naming unknown ones, nothing cancelled), by status; never another tenant's", async () => {
+    const long = { input: { ...TICKER, ticks: 2000 } };
+    const [a, b] = [await thread(), await thread()];
+    const ra = await sdk.runs.create(a, "ticker", long);
+    const rb = await sdk.runs.create(b, "ticker", long);
+    const theirsThread = (await other.threads.create()).thread_id;
+    const theirs = await other.runs.create(theirsThread, "ticker", long);
+    const running = async (c, t, r) => ["pending", "running"].includes((await c.runs.get(t, r)).status);
+
+    assert.match(await refused(other.runs.cancelMany({ runIds: [ra.run_id] }), 404), new RegExp(ra.run_id));
+    assert.match(await refused(sdk.runs.cancelMany({ threadId: a, runIds: [rb.run_id] }), 404), new RegExp(rb.run_id));
+    await refused(sdk.runs.cancelMany({ runIds: [ra.run_id], action: "rollback" }), 400);
+    assert.ok(await running(sdk, a, ra.run_id));
+
+    assert.equal(await sdk.runs.cancelMany({ threadId: a, runIds: [ra.run_id] }), undefined); // 204
+    await sdk.runs.join(a, ra.run_id);
+    assert.equal((await sdk.runs.get(a, ra.run_id)).status, "interrupted");
+    assert.ok(await running(sdk, b, rb.run_id));
+
+    await sdk.runs.cancelMany({ status: "all" });
+    await sdk.runs.join(b, rb.run_id);
+    assert.equal((await sdk.runs.get(b, rb.run_id)).status, "interrupted");
+    assert.ok(await running(other, theirsThread, theirs.run_id), "another tenant's run goes on");
+    await other.runs.cancel(theirsThread, theirs.run_id, true);
+  });
+
+  test("cancel with a reason: the run's error event says it", async () => {
+    const threadId = await thread();
+    const run = await sdk.runs.create(threadId, "ticker", { input: { ...TICKER, ticks: 2000 } });
+    await sdk.runs.cancel(threadId, run.run_id, true, "interrupt", { reason: "user pressed stop" });
+    const parts = await collect(sdk.runs.joinStream(threadId, run.run_id));
+    const error = parts.find((p) => p.event === "error");
+    assert.equal(error?.data.error, "RunCancelled");
+    assert.match(error.data.message, /: user pressed stop$/);
+  });
+
+  test("join with cancelOnDisconnect: a joiner that leaves cancels the run", async () => {
+    const threadId = await thread();
+    const run = await sdk.runs.create(threadId, "ticker", { input: { ...TICKER, ticks: 2000 }, streamMode: ["custom", "values"] });
+    const leaving = new AbortController();
+    const joined = sdk.runs.join(threadId, run.run_id, { cancelOnDisconnect: true, signal: leaving.signal });
+    // Leaves once the request is out: the ticks show the run is going, and the join has been sent.
+    for await (const part of sdk.runs.joinStream(threadId, run.run_id, { streamMode: "custom" })) {
+      if (part.event === "custom") break;
+    }
+    leaving.abort();
+    await assert.rejects(joined);
+    let status = "running";
+    for (let i = 0; i < 500 && ["pending", "running"].includes(status); i += 1) {
+      // a bound, not a timing assertion: without the cancel the run goes on for a minute
+      status = (await sdk.runs.get(threadId, run.run_id)).status;
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    assert.equal(status, "interrupted");
+    const parts = await collect(sdk.runs.joinStream(threadId, run.run_id));
+    assert.match(parts.find((p) => p.event === "error").data.message, /cancel_on_disconnect/);
+  });
 });
