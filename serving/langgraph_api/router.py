@@ -569,7 +569,7 @@ async def join_run(
 
 CancelReason = Annotated[
     str | None,
-    Query(max_length=500, pattern=r"^[^\x00-\x1f\x7f]*$", description="Why (in the run's error event; no control characters)"),
+    Query(max_length=500, pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$", description="Why (in the run's error event; no control characters)"),
 ]
 
 

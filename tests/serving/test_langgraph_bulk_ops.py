@@ -200,7 +200,7 @@ async def test_a_cancel_reason_is_in_the_runs_error_event(clients: dict[str, Lan
     gate = uuid.uuid4().hex
     run = await _at_gate(acme, tid, gate)
     url = f"/threads/{tid}/runs/{run['run_id']}/cancel"
-    for bad in ("line\nbreak", "x" * 501):
+    for bad in ("line\nbreak", "next\u0085line", "x" * 501):
         refused = await acme.http.client.post(url, params={"reason": bad})
         assert refused.status_code == 422 and "reason" in refused.text
     assert await _status(acme, tid, run["run_id"]) in ("pending", "running")
