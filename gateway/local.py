@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from gateway.errors import LocalBackendError
-from gateway.registry import Backend, LocalLaunch
+from gateway.registry import Backend, LocalLaunch, VllmLaunch
 
 __all__ = [
     "LocalBackendStatus",
@@ -124,11 +124,21 @@ def _template_path(name: str) -> Path:
     return Path(str(bundled))
 
 
+def _local_launch(backend: Backend) -> LocalLaunch:
+    """The backend's llama.cpp launch block; refuses every other backend."""
+    if isinstance(backend.launch, LocalLaunch):
+        return backend.launch
+    if isinstance(backend.launch, VllmLaunch):
+        raise LocalBackendError(
+            f"backend {backend.id!r} is a vLLM backend: Switchyard starts only llamacpp backends "
+            f"and never vLLM; run the command `switchyard backend vllm-args {backend.id}` prints"
+        )
+    raise LocalBackendError(f"backend {backend.id!r} has no launch section: Switchyard does not manage it")
+
+
 def launch_command(backend: Backend, binary: Path) -> list[str]:
-    """The ``llama-server`` command line for a backend with a ``launch`` section."""
-    launch = backend.launch
-    if launch is None:
-        raise LocalBackendError(f"backend {backend.id!r} has no launch section: Switchyard does not manage it")
+    """The ``llama-server`` command line for a backend with a llama.cpp ``launch`` section."""
+    launch = _local_launch(backend)
     url = urlsplit(backend.base_url)
     command = [
         str(binary),
@@ -223,8 +233,7 @@ def start_backend(backend: Backend, data_dir: Path, *, llama_server: Path | None
         LocalBackendError: the process exited or did not become ready in time; the
             message holds the end of its log.
     """
-    if backend.launch is None:
-        raise LocalBackendError(f"backend {backend.id!r} has no launch section: Switchyard does not manage it")
+    _local_launch(backend)
     current = status_backend(backend, data_dir)
     if current.healthy:
         return current
@@ -255,8 +264,8 @@ def start_backend(backend: Backend, data_dir: Path, *, llama_server: Path | None
 
 
 def _wait_ready(backend: Backend, pid: int, started_here: bool, log_file: Path) -> LocalBackendStatus:
-    assert backend.launch is not None
-    deadline = time.monotonic() + backend.launch.start_timeout_s
+    timeout_s = _local_launch(backend).start_timeout_s
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not _alive(pid):
             raise LocalBackendError(
@@ -268,7 +277,7 @@ def _wait_ready(backend: Backend, pid: int, started_here: bool, log_file: Path) 
             )
         time.sleep(0.2)
     raise LocalBackendError(
-        f"llama-server for {backend.id!r} not ready after {backend.launch.start_timeout_s:g}s; "
+        f"llama-server for {backend.id!r} not ready after {timeout_s:g}s; "
         f"end of {log_file}:\n{_tail(log_file)}"
     )
 

@@ -9,6 +9,11 @@ Loaded from ``config/models.yaml``::
         model: smollm2-135m-instruct
         capabilities: {context_window: 2048, tools: true, json_schema: true}
         launch: {}            # Switchyard starts and stops this one itself
+      gpu:
+        kind: vllm
+        ...
+        launch: {model: Qwen/Qwen2.5-7B-Instruct-AWQ, tool_call_parser: hermes}
+                              # `switchyard backend vllm-args gpu` prints its command
     aliases:
       chat-default: local
 
@@ -26,9 +31,10 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
-from gateway.errors import RegistryError, UnknownModelError
+from gateway.errors import GatewayError, RegistryError, UnknownModelError
 
 __all__ = [
     "Backend",
@@ -37,7 +43,9 @@ __all__ = [
     "LocalLaunch",
     "ModelRegistry",
     "Timeouts",
+    "VllmLaunch",
     "load_registry",
+    "vllm_serve_command",
 ]
 
 BackendKind = Literal["vllm", "llamacpp", "openai"]
@@ -106,6 +114,71 @@ class LocalLaunch(_Frozen):
     """More ``llama-server`` flags, passed as given."""
 
 
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+"""``--kv-cache-dtype`` choices that every vLLM release since 0.5 accepts."""
+
+
+class VllmLaunch(_Frozen):
+    """How to run a ``vllm`` backend: the source of ``switchyard backend vllm-args``.
+
+    Switchyard never starts vLLM (it needs a GPU host); it prints the ``vllm serve``
+    command line for a person or a deployment to run. Host and port come from the
+    backend's ``base_url``, the served name from its ``model``, ``--max-model-len``
+    from ``capabilities.context_window``, so the registry's contract and the server
+    cannot disagree. Unset optional fields leave vLLM's own default in place.
+
+    Checked against the backend (validation context ``capabilities``):
+    ``max_model_len`` must equal the context window, and ``tool_call_parser`` is
+    required when the backend promises tools.
+    """
+
+    model: str = Field(min_length=1)
+    """The Hugging Face model id or local path: ``vllm serve``'s positional argument."""
+    served_model_name: str | None = Field(default=None, min_length=1)
+    """``--served-model-name``. Default: the backend's ``model`` (what requests send)."""
+    max_model_len: int | None = Field(default=None, gt=0, validate_default=True)
+    """``--max-model-len``. Default and only allowed value: ``capabilities.context_window``."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """``--gpu-memory-utilization``: the fraction of GPU memory vLLM may take (0 < x <= 1)."""
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    """``--max-num-seqs``: sequences batched at once; more wait in vLLM's queue."""
+    enable_prefix_caching: bool | None = None
+    """``--enable-prefix-caching`` / ``--no-enable-prefix-caching``."""
+    enable_chunked_prefill: bool | None = None
+    """``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill``."""
+    tool_call_parser: str | None = Field(default=None, min_length=1, validate_default=True)
+    """``--tool-call-parser`` (e.g. ``hermes`` for Qwen2.5), with ``--enable-auto-tool-choice``.
+    Required when ``capabilities.tools`` is true: vLLM refuses ``tool_choice: auto`` without it."""
+    kv_cache_dtype: KvCacheDtype | None = None
+    """``--kv-cache-dtype``: ``fp8`` halves the KV cache's memory at some accuracy cost."""
+    tensor_parallel_size: int | None = Field(default=None, gt=0)
+    """``--tensor-parallel-size``: GPUs one replica spans."""
+    extra_args: tuple[str, ...] = ()
+    """More ``vllm serve`` flags, printed as given after the others."""
+
+    @field_validator("max_model_len")
+    @classmethod
+    def _equals_context_window(cls, value: int | None, info: ValidationInfo) -> int | None:
+        capabilities = (info.context or {}).get("capabilities")
+        if value is not None and capabilities is not None and value != capabilities.context_window:
+            raise ValueError(
+                f"{value} differs from capabilities.context_window ({capabilities.context_window}); "
+                "they must be equal (or leave max_model_len out to use the context window)"
+            )
+        return value
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _required_for_tools(cls, value: str | None, info: ValidationInfo) -> str | None:
+        capabilities = (info.context or {}).get("capabilities")
+        if value is None and capabilities is not None and capabilities.tools:
+            raise ValueError(
+                "required when capabilities.tools is true (e.g. hermes for Qwen2.5): "
+                "vLLM serves tool calls only with --enable-auto-tool-choice and a parser"
+            )
+        return value
+
+
 class Backend(_Frozen):
     """One OpenAI-compatible model server."""
 
@@ -123,8 +196,35 @@ class Backend(_Frozen):
     default_max_tokens: int | None = Field(default=None, gt=0)
     """Completion cap for requests that set none. Without it a rambling model runs to
     the end of its context window (llama.cpp then fails the request with a 400)."""
-    launch: LocalLaunch | None = None
-    """Set on a ``llamacpp`` backend that Switchyard starts itself."""
+    launch: LocalLaunch | VllmLaunch | None = None
+    """How the backend is run, chosen by ``kind``: `LocalLaunch` on a ``llamacpp``
+    backend that Switchyard starts itself, `VllmLaunch` on a ``vllm`` backend whose
+    ``vllm serve`` command Switchyard prints. Other kinds take none."""
+
+    @field_validator("launch", mode="wrap")
+    @classmethod
+    def _launch_for_kind(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> LocalLaunch | VllmLaunch | None:
+        if value is None:
+            return None
+        kind = info.data.get("kind")
+        if kind is None:  # the kind itself is invalid and reported
+            return None
+        model: type[LocalLaunch | VllmLaunch]
+        if kind == "llamacpp":
+            model = LocalLaunch
+        elif kind == "vllm":
+            model = VllmLaunch
+        else:
+            raise ValueError(
+                "only a llamacpp backend can be launched (and a vllm backend can describe its "
+                f"`vllm serve` command); a backend of kind {kind} takes none"
+            )
+        if isinstance(value, BaseModel):
+            value = value.model_dump(exclude_unset=True)
+        # A ValidationError raised here is nested under ``launch`` by pydantic.
+        return model.model_validate(value, context={"capabilities": info.data.get("capabilities")})
 
     @field_validator("base_url")
     @classmethod
@@ -193,12 +293,13 @@ class ModelRegistry:
             raise UnknownModelError(alias, self._aliases) from None
 
     def managed_backends(self, aliases: Iterator[str] | None = None) -> list[Backend]:
-        """Backends Switchyard launches itself that the given aliases (default: all) use."""
+        """Backends Switchyard launches itself (``llamacpp`` with a launch block) that the
+        given aliases (default: all) use. vLLM backends are never launched by Switchyard."""
         names = list(aliases) if aliases is not None else list(self._aliases)
         seen: dict[str, Backend] = {}
         for name in names:
             backend = self.resolve(name)
-            if backend.launch is not None:
+            if isinstance(backend.launch, LocalLaunch):
                 seen[backend.id] = backend
         return list(seen.values())
 
@@ -230,7 +331,9 @@ def _format_errors(error: ValidationError, prefix: str = "") -> list[str]:
     lines = []
     for item in error.errors():
         loc = ".".join(str(part) for part in item["loc"])
-        lines.append(f"{prefix}{loc}: {item['msg']}")
+        # Our own validators' messages read as given, without pydantic's "Value error, ".
+        message = str(item["ctx"]["error"]) if item["type"] == "value_error" else item["msg"]
+        lines.append(f"{prefix}{loc}: {message}")
     return lines
 
 
@@ -264,12 +367,48 @@ def load_registry(path: str | Path) -> ModelRegistry:
             backends[backend_id] = Backend.model_validate({**(fields or {}), "id": backend_id})
         except ValidationError as exc:
             problems.extend(_format_errors(exc, f"backends.{backend_id}."))
-    for backend_id, backend in backends.items():
-        if backend.launch is not None and backend.kind != "llamacpp":
-            problems.append(f"backends.{backend_id}.launch: only a llamacpp backend can be launched")
     if problems:
         raise RegistryError(str(path), problems)
     try:
         return ModelRegistry(backends, parsed.aliases)
     except ValueError as exc:
         raise RegistryError(str(path), [str(exc)]) from None
+
+
+def vllm_serve_command(backend: Backend) -> list[str]:
+    """The ``vllm serve`` argv for a ``vllm`` backend with a launch block.
+
+    Raises:
+        GatewayError: the backend has no vLLM launch block.
+    """
+    launch = backend.launch
+    if not isinstance(launch, VllmLaunch):
+        raise GatewayError(
+            f"backend {backend.id!r} (kind {backend.kind}) has no vLLM launch block: "
+            "vllm-args needs a `kind: vllm` backend with a `launch:` block"
+        )
+    url = urlsplit(backend.base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    command = [
+        "vllm", "serve", launch.model,
+        "--served-model-name", launch.served_model_name or backend.model,
+        "--host", url.hostname or "0.0.0.0",
+        "--port", str(port),
+        "--max-model-len", str(backend.capabilities.context_window),
+    ]  # fmt: skip
+    if launch.gpu_memory_utilization is not None:
+        command += ["--gpu-memory-utilization", f"{launch.gpu_memory_utilization:g}"]
+    if launch.max_num_seqs is not None:
+        command += ["--max-num-seqs", str(launch.max_num_seqs)]
+    if launch.enable_prefix_caching is not None:
+        command.append("--enable-prefix-caching" if launch.enable_prefix_caching else "--no-enable-prefix-caching")
+    if launch.enable_chunked_prefill is not None:
+        command.append("--enable-chunked-prefill" if launch.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if launch.tool_call_parser is not None:
+        command += ["--enable-auto-tool-choice", "--tool-call-parser", launch.tool_call_parser]
+    if launch.kv_cache_dtype is not None:
+        command += ["--kv-cache-dtype", launch.kv_cache_dtype]
+    if launch.tensor_parallel_size is not None:
+        command += ["--tensor-parallel-size", str(launch.tensor_parallel_size)]
+    command += launch.extra_args
+    return command
