@@ -34,7 +34,7 @@ def test_shipped_registries_load() -> None:
     assert local.resolve("chat-default").launch is not None
     vllm = load_registry(REPO / "config/models.vllm.yaml")
     assert vllm.resolve("chat-default").kind == "vllm"
-    assert vllm.resolve("chat-default").launch is None
+    assert vllm.resolve("chat-default").launch is not None  # the printed `vllm serve` profile (test_vllm_args.py)
 
 
 def test_environment_references_use_default_or_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,7 +62,7 @@ def test_missing_environment_variable_is_named(tmp_path: Path, monkeypatch: pyte
         (("model: qwen", "model: qwen\n    colour: blue"), r"backends\.gpu\.colour: Extra inputs are not permitted"),
         (("chat-default: gpu", "chat-default: cpu"), r"aliases\.chat-default: unknown backend 'cpu' \(known: gpu\)"),
         (("base_url: ${TEST_VLLM_URL:-http://10.0.0.5:8000/v1}", "base_url: gpu:8000"), r"backends\.gpu\.base_url"),
-        (("model: qwen", "model: qwen\n    launch: {}"), r"backends\.gpu\.launch: only a llamacpp backend"),
+        (("model: qwen", "model: qwen\n    launch: {}"), r"backends\.gpu\.launch\.model: Field required"),
     ],
 )
 def test_invalid_entries_name_the_key(tmp_path: Path, change: tuple[str, str], message: str) -> None:
