@@ -122,7 +122,7 @@ class VllmLaunch(_Frozen):
     """How to run a ``vllm`` backend: the source of ``switchyard backend vllm-args``.
 
     Switchyard never starts vLLM (it needs a GPU host); it prints the ``vllm serve``
-    command line for a person or a deployment to run. Host and port come from the
+    command line for a person or a deployment to run. The port comes from the
     backend's ``base_url``, the served name from its ``model``, ``--max-model-len``
     from ``capabilities.context_window``, so the registry's contract and the server
     cannot disagree. Unset optional fields leave vLLM's own default in place.
@@ -153,6 +153,10 @@ class VllmLaunch(_Frozen):
     """``--kv-cache-dtype``: ``fp8`` halves the KV cache's memory at some accuracy cost."""
     tensor_parallel_size: int | None = Field(default=None, gt=0)
     """``--tensor-parallel-size``: GPUs one replica spans."""
+    host: str = Field(default="0.0.0.0", min_length=1)
+    """``--host``: the address vLLM listens on. Default every interface: the gateway
+    reaches the server at ``base_url``'s host, often a name (a load balancer, a
+    service) that is not an address of the GPU machine itself."""
     extra_args: tuple[str, ...] = ()
     """More ``vllm serve`` flags, printed as given after the others."""
 
@@ -392,7 +396,7 @@ def vllm_serve_command(backend: Backend) -> list[str]:
     command = [
         "vllm", "serve", launch.model,
         "--served-model-name", launch.served_model_name or backend.model,
-        "--host", url.hostname or "0.0.0.0",
+        "--host", launch.host,
         "--port", str(port),
         "--max-model-len", str(backend.capabilities.context_window),
     ]  # fmt: skip

@@ -80,7 +80,7 @@ def test_profile_prints_the_documented_command(tmp_path: Path) -> None:
     assert positional == ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct-AWQ"]
     assert flags == {
         "--served-model-name": "Qwen/Qwen2.5-7B-Instruct-AWQ",
-        "--host": "vllm",
+        "--host": "0.0.0.0",
         "--port": "8000",
         "--max-model-len": "32768",
         "--gpu-memory-utilization": "0.9",
@@ -101,7 +101,8 @@ def test_profile_follows_the_registry_it_is_checked_against(monkeypatch: pytest.
     assert isinstance(backend.launch, VllmLaunch)
     positional, flags = _parse(shlex.join(vllm_serve_command(backend)))
     assert positional[2] == "Qwen/Qwen2.5-7B-Instruct-AWQ"
-    assert (flags["--served-model-name"], flags["--host"], flags["--port"]) == ("qwen-7b", "gpu-7.internal", "443")
+    # vLLM listens on every interface; the gateway reaches it by the URL's name and port.
+    assert (flags["--served-model-name"], flags["--host"], flags["--port"]) == ("qwen-7b", "0.0.0.0", "443")
     assert flags["--max-model-len"] == str(backend.capabilities.context_window)
 
 
@@ -113,7 +114,7 @@ def test_minimal_block_leaves_vllm_defaults_and_quotes_values(tmp_path: Path) ->
     assert positional == ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct-AWQ"]
     assert flags == {
         "--served-model-name": "qwen",
-        "--host": "10.0.0.5",
+        "--host": "0.0.0.0",
         "--port": "8000",
         "--max-model-len": "4096",
         "--enable-auto-tool-choice": None,
