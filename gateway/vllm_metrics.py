@@ -151,7 +151,8 @@ def parse_vllm_metrics(text: str, *, model_name: str | None = None, scraped_at: 
                     continue
                 values[sample.name].append(sample.value)
     except ValueError as exc:  # the parser's only error for malformed text
-        raise VllmMetricsError(str(exc) or "malformed line") from None
+        # It quotes the offending line, which can be a whole one-line HTML page.
+        raise VllmMetricsError(str(exc)[:200] or "malformed line") from None
 
     def total(name: str) -> float | None:
         return math.fsum(values[name]) if values[name] else None

@@ -221,6 +221,13 @@ def test_garbage_is_a_clear_error(body: str) -> None:
         parse_vllm_metrics(body)
 
 
+def test_the_error_quotes_a_long_line_only_in_part() -> None:
+    page = "<html>" + "x" * 100_000 + "</html>"
+    with pytest.raises(VllmMetricsError) as caught:
+        parse_vllm_metrics(page)
+    assert "<html>xxx" in caught.value.reason and len(caught.value.reason) <= 200
+
+
 # --- scraping ----------------------------------------------------------------------
 
 
