@@ -31,8 +31,9 @@ utterances and task types::
 3. a best score below ``threshold``, an empty last user message, or no user message at
    all picks the ``default`` route.
 
-The examples are embedded once (`SemanticRouter.prepare`); a decision costs one query
-embedding and a matrix-vector product (``bench/routing.py`` measures it).
+The examples are embedded once (`SemanticRouter.prepare`); a decision costs one text
+embedding and a matrix-vector product (``bench/routing.py`` measures it), and decisions
+that arrive together share one embedding batch.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from knowledge.embeddings.base import Embedder
+from knowledge.embeddings.local import LocalEmbedder
+from knowledge.errors import EmbeddingError
 from serving.errors import RequestError
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "RoutingSettings",
     "SemanticRouter",
     "last_user_text",
+    "packaged_embedder",
 ]
 
 AUTO_MODEL = "auto"
@@ -158,10 +162,11 @@ class RoutingSettings(BaseModel):
     its closest example and unrelated requests 0.16 to 0.37 (19 of 20 under 0.35;
     ``tests/serving/test_routing.py``), so 0.5 would send about four in ten routable
     requests to the default. Re-measure when the embedder changes."""
-    max_chars: int = Field(default=1000, ge=50, le=20_000)
+    max_chars: int = Field(default=500, ge=50, le=20_000)
     """Characters of the last user message that are embedded: a longer message is cut
-    to its first and last ``max_chars / 2``, which bounds a decision's cost (the
-    embedder is linear in length: about 7 ms per 1,000 characters on 2 cores)."""
+    to its first and last ``max_chars / 2``, which bounds a decision's cost. The
+    embedder's cost grows with tokens: on 2 cores about 7 ms per 1,000 characters of
+    English, and about 30 ms per 1,000 of Chinese (a token per character or so)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RoutingSettings:
@@ -283,6 +288,81 @@ def _normalised(vectors: Any) -> np.ndarray:
     return np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
 
 
+def packaged_embedder() -> LocalEmbedder:
+    """The router's own embedder: the packaged ``use-multilingual-v3`` with one BLAS thread.
+
+    One thread, not the package's two: a waiting OpenBLAS thread spins, and on a 2-core
+    host with another core's worth of work (the server under load) a two-thread encode
+    of one short text took 13 to 110 ms of CPU and p95 ~140 ms, against 2.2 ms and
+    p95 2.6 ms with one thread (``docs/performance.md``, issue 13). It costs about
+    115 MB of memory beside the knowledge base's embedder.
+
+    Raises:
+        knowledge.EmbeddingError: the package that ships the model is not installed.
+    """
+    return LocalEmbedder.packaged("use-multilingual-v3", threads=1)
+
+
+class _QueryBatches:
+    """Embeds request texts, putting the ones that arrive while an embedding runs into
+    the next batch.
+
+    The packaged embedder encodes one batch at a time on a worker thread; one text at a
+    time, 50 requests arriving together would wait for 50 encodes in a row (about
+    90 ms for the last), where one batch of 50 takes about 27 ms (``bench/routing.py``).
+    The first text is embedded at once; texts that come while it runs go together in
+    the next call. Texts go through ``embed_documents``, like the examples they are
+    compared with (utterance against utterance is a symmetric comparison).
+
+    The batches run in one task the router owns (`SemanticRouter.aclose` cancels it);
+    a caller that is cancelled while it waits just leaves its batch.
+    """
+
+    def __init__(self, embedder: Embedder, max_batch: int) -> None:
+        self._embedder = embedder
+        self._max_batch = max_batch
+        self._pending: list[tuple[str, asyncio.Future[list[float]]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def embed(self, text: str) -> list[float]:
+        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
+        self._pending.append((text, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="switchyard-routing-embed")
+        return await future  # cancelling the caller cancels only its own future
+
+    async def _run(self) -> None:
+        batch: list[tuple[str, asyncio.Future[list[float]]]] = []
+        try:
+            while self._pending:
+                batch = [item for item in self._pending[: self._max_batch] if not item[1].done()]
+                del self._pending[: self._max_batch]
+                if not batch:
+                    continue
+                try:
+                    vectors = await self._embedder.embed_documents([text for text, _ in batch])
+                except Exception as exc:  # handed to every waiting caller, who raises it
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), vector in zip(batch, vectors, strict=True):
+                    if not future.done():
+                        future.set_result(vector)
+        finally:
+            # Closed while batches were waiting: their callers get an error, not a hang.
+            for _, future in batch + self._pending:
+                if not future.done():
+                    future.set_exception(EmbeddingError("the router was closed while this request was routed"))
+            self._pending.clear()
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 class SemanticRouter:
     """Decides a routed request's graph and alias (see the module docstring).
 
@@ -302,6 +382,7 @@ class SemanticRouter:
         self._matrix: np.ndarray | None = None
         self._bounds: list[tuple[int, int]] = []
         self._lock = asyncio.Lock()
+        self._queries = _QueryBatches(embedder, max_batch=64)
 
     @property
     def enabled(self) -> bool:
@@ -347,6 +428,8 @@ class SemanticRouter:
         Raises:
             knowledge.EmbeddingError: the embedder failed.
         """
+        if self._matrix is not None:
+            return
         async with self._lock:
             if self._matrix is not None:
                 return
@@ -377,9 +460,14 @@ class SemanticRouter:
         assert self._matrix is not None
         if not self._names:
             return {}
-        query = _normalised(await self._embedder.embed_query(self._clip(text)))[0]
+        query = _normalised(await self._queries.embed(self._clip(text)))[0]
         similarities = self._matrix @ query
         return {name: float(similarities[start:end].max()) for name, (start, end) in zip(self._names, self._bounds)}
+
+    async def aclose(self) -> None:
+        """Stop embedding (decisions still waiting fail with `EmbeddingError`). The
+        embedder is the caller's, and stays open."""
+        await self._queries.aclose()
 
     async def decide(self, messages: str | Sequence[Any], task_type: Any = None) -> RouteDecision:
         """Pick the route for one request.

@@ -14,11 +14,13 @@ for 34 of 35.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 from pydantic import ValidationError
 
+from knowledge import EmbeddingError
 from knowledge.embeddings.local import LocalEmbedder
 from serving.errors import RequestError, to_api_error
 from serving.routing import (
@@ -28,6 +30,7 @@ from serving.routing import (
     RoutingSettings,
     SemanticRouter,
     last_user_text,
+    packaged_embedder,
 )
 
 TABLE = {
@@ -149,7 +152,7 @@ OFF_TOPIC = [
 
 @pytest.fixture(scope="module")
 def embedder() -> Iterator[LocalEmbedder]:
-    yield LocalEmbedder.packaged("use-multilingual-v3")
+    yield packaged_embedder()
 
 
 @pytest.fixture
@@ -364,3 +367,95 @@ def test_settings_are_frozen_and_round_trip() -> None:
         "qa": "docs",
         "retrieval": "docs",
     }
+
+
+class CountingEmbedder:
+    """The real embedder, counting the batches it is asked for; ``fail`` makes the next
+    calls raise the embedder's own error (an embedding service that went away)."""
+
+    def __init__(self, inner: LocalEmbedder) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dimensions = inner.dimensions
+        self.batches: list[int] = []
+        self.fail = False
+        self.gate: asyncio.Event | None = None
+
+    async def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.batches.append(len(texts))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise EmbeddingError("embedding service unavailable")
+        return await self.inner.embed_documents(texts)
+
+    async def embed_query(self, text: str) -> list[float]:
+        raise AssertionError("the router embeds request texts in batches, with embed_documents")
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_concurrent_decisions_share_batches_and_match_serial(embedder: LocalEmbedder) -> None:
+    counting = CountingEmbedder(embedder)
+    router = SemanticRouter(RoutingSettings.model_validate(TABLE), counting)
+    await router.prepare()
+    texts = [text for text, _ in HELD_BACK] + OFF_TOPIC
+    serial = [await router.decide(_user(text)) for text in texts]
+    counting.batches.clear()
+    together = await asyncio.gather(*(router.decide(_user(text)) for text in texts))
+    assert [(d.route, d.reason) for d in together] == [(d.route, d.reason) for d in serial]
+    assert [d.score for d in together] == pytest.approx([d.score for d in serial], abs=1e-5)
+    assert sum(counting.batches) == len(texts)
+    assert len(counting.batches) < len(texts) / 4, counting.batches  # the first alone, then the rest together
+    await router.aclose()
+
+
+async def test_a_cancelled_decision_leaves_the_others_alone(embedder: LocalEmbedder) -> None:
+    counting = CountingEmbedder(embedder)
+    router = SemanticRouter(RoutingSettings.model_validate(TABLE), counting)
+    await router.prepare()
+    counting.batches.clear()
+    counting.gate = asyncio.Event()
+    first = asyncio.create_task(router.decide(_user("请计算 45 乘以 19")))
+    await asyncio.sleep(0.05)  # the first text's batch is running (held at the gate)
+    waiting = [asyncio.create_task(router.decide(_user(text))) for text in ("Tell me a joke.", "晚安，明天见！", "1024 的平方根是多少？")]
+    await asyncio.sleep(0.05)
+    waiting[1].cancel()
+    counting.gate.set()
+    assert (await first).route == "math"
+    assert (await waiting[0]).route == "chitchat"
+    assert (await waiting[2]).route == "math"
+    with pytest.raises(asyncio.CancelledError):
+        await waiting[1]
+    assert counting.batches == [1, 2]  # the cancelled text was never embedded
+    await router.aclose()
+
+
+async def test_embedder_failure_reaches_every_waiting_decision(embedder: LocalEmbedder) -> None:
+    counting = CountingEmbedder(embedder)
+    router = SemanticRouter(RoutingSettings.model_validate(TABLE), counting)
+    await router.prepare()
+    counting.fail = True
+    results = await asyncio.gather(*(router.decide(_user(f"What is {n} times 3?")) for n in range(5)), return_exceptions=True)
+    assert all(isinstance(r, EmbeddingError) for r in results), results
+    assert (await router.decide(_user("hi"), "qa")).route == "docs"  # task types need no embedding
+    counting.fail = False
+    assert (await router.decide(_user("What is 17 times 23?"))).route == "math"  # and it recovers
+    await router.aclose()
+
+
+async def test_aclose_fails_waiting_decisions_instead_of_hanging(embedder: LocalEmbedder) -> None:
+    counting = CountingEmbedder(embedder)
+    router = SemanticRouter(RoutingSettings.model_validate(TABLE), counting)
+    await router.prepare()
+    counting.gate = asyncio.Event()
+    tasks = [asyncio.create_task(router.decide(_user(text))) for text in ("Tell me a joke.", "What is 17 times 23?")]
+    await asyncio.sleep(0.05)
+    await router.aclose()
+    for task in tasks:
+        with pytest.raises(EmbeddingError, match="closed"):
+            await asyncio.wait_for(task, 5)
