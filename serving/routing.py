@@ -368,8 +368,9 @@ class SemanticRouter:
 
     Args:
         settings: the ``routing:`` section.
-        embedder: embeds the examples and each request's last user message; the
-            knowledge layer's (normally the packaged ``use-multilingual-v3``).
+        embedder: embeds the examples and each request's last user message: any
+            knowledge-layer `Embedder`; normally `packaged_embedder` (the packaged
+            ``use-multilingual-v3`` with one BLAS thread).
 
     The router only reads its settings; a new routing table is a new router.
     """
@@ -494,8 +495,10 @@ class SemanticRouter:
         if task_type is not None:
             route = self._task_types.get(task_type) if isinstance(task_type, str) else None
             if route is None:
+                shown = repr(task_type)
+                shown = shown if len(shown) <= 80 else shown[:77] + "..."
                 raise RequestError(
-                    f"unknown task type {task_type!r} (valid task types: {', '.join(self.task_types)})",
+                    f"unknown task type {shown} (valid task types: {', '.join(self.task_types)})",
                     param="metadata.task_type",
                     code="invalid_value",
                 )

@@ -211,12 +211,13 @@ async def test_task_type_wins_over_semantics(router: SemanticRouter) -> None:
     assert (await router.decide(joke, "retrieval")).route == "docs"
 
 
-@pytest.mark.parametrize("task_type", ["translation", "", "Calculation", 7, ["math"]])
+@pytest.mark.parametrize("task_type", ["translation", "", "Calculation", 7, ["math"], "x" * 10_000])
 async def test_unknown_task_type_is_400_naming_the_field(router: SemanticRouter, task_type: object) -> None:
     with pytest.raises(RequestError) as caught:
         await router.decide(_user("What is 17 times 23?"), task_type)
     assert caught.value.param == "metadata.task_type"
     message = str(caught.value)
+    assert len(message) < 300
     for valid in ("calculation", "chitchat", "docs", "math", "qa", "retrieval"):
         assert valid in message
     api = to_api_error(caught.value)
