@@ -14,12 +14,18 @@ from gateway.errors import (
     RegistryError,
     UnknownModelError,
 )
-from gateway.registry import Backend, Capabilities, ModelRegistry, load_registry
+from gateway.balancer import RouteScope
+from gateway.registry import Alias, AliasTarget, Backend, BreakerSettings, Capabilities, ModelRegistry, load_registry
+from gateway.routed import ROUTE_SCOPE, RoutedChatModel
 from gateway.router import ModelGateway
 from gateway.settings import GatewaySettings
 
 __all__ = [
+    "ROUTE_SCOPE",
+    "Alias",
+    "AliasTarget",
     "Backend",
+    "BreakerSettings",
     "BackendResponseError",
     "BackendUnavailableError",
     "Capabilities",
@@ -30,6 +36,8 @@ __all__ = [
     "ModelGateway",
     "ModelRegistry",
     "RegistryError",
+    "RouteScope",
+    "RoutedChatModel",
     "UnknownModelError",
     "load_registry",
 ]

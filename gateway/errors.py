@@ -56,12 +56,14 @@ class CapabilityError(GatewayError):
         backend_id: the backend that lacks the capability.
         capability: the contract field, e.g. ``"tools"`` or ``"context_window"``.
         param: the request field that asked for it, e.g. ``"tools"``.
+        needed: for a prompt past the context window, its estimated tokens.
     """
 
-    def __init__(self, backend_id: str, capability: str, param: str, message: str) -> None:
+    def __init__(self, backend_id: str, capability: str, param: str, message: str, *, needed: int | None = None) -> None:
         self.backend_id = backend_id
         self.capability = capability
         self.param = param
+        self.needed = needed
         super().__init__(message)
 
 

@@ -37,11 +37,15 @@ from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 from gateway.errors import GatewayError, RegistryError, UnknownModelError
 
 __all__ = [
+    "Alias",
+    "AliasTarget",
     "Backend",
+    "BreakerSettings",
     "BackendKind",
     "Capabilities",
     "LocalLaunch",
     "ModelRegistry",
+    "ScrapeSettings",
     "Timeouts",
     "VllmLaunch",
     "load_registry",
@@ -183,6 +187,24 @@ class VllmLaunch(_Frozen):
         return value
 
 
+class BreakerSettings(_Frozen):
+    """When a backend's circuit breaker opens and how long it stays open."""
+
+    failures: int = Field(default=3, ge=1)
+    """Consecutive failures (connection refused, timeout, 5xx, a stream broken before
+    its first token) that open the breaker."""
+    cooldown_s: float = Field(default=10.0, gt=0)
+    """Seconds an open breaker refuses traffic; then one probe request is let through
+    (half-open): its success closes the breaker, its failure opens it again."""
+
+
+class ScrapeSettings(_Frozen):
+    """Scraping of ``vllm`` backends' ``/metrics`` (load for ``balance: least_loaded``)."""
+
+    interval_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=2.0, gt=0)
+
+
 class Backend(_Frozen):
     """One OpenAI-compatible model server."""
 
@@ -200,6 +222,8 @@ class Backend(_Frozen):
     default_max_tokens: int | None = Field(default=None, gt=0)
     """Completion cap for requests that set none. Without it a rambling model runs to
     the end of its context window (llama.cpp then fails the request with a 400)."""
+    breaker: BreakerSettings | None = None
+    """This backend's circuit-breaker thresholds (default: the registry's ``breaker:``)."""
     launch: LocalLaunch | VllmLaunch | None = None
     """How the backend is run, chosen by ``kind``: `LocalLaunch` on a ``llamacpp``
     backend that Switchyard starts itself, `VllmLaunch` on a ``vllm`` backend whose
@@ -252,59 +276,156 @@ class Backend(_Frozen):
         return "not-needed"
 
 
+class AliasTarget(_Frozen):
+    """One backend an alias sends a share of its traffic to."""
+
+    backend: str
+    weight: int = Field(default=1, ge=0)
+    """The target's share is its weight over the sum of the alias's weights; 0 drains it."""
+
+
+class Alias(_Frozen):
+    """A model name clients and graphs use, and where its traffic goes.
+
+    The old form ``alias: backend`` is one target of weight 1 with no fallbacks.
+    """
+
+    name: str
+    targets: tuple[AliasTarget, ...] = Field(min_length=1)
+    fallbacks: tuple[str, ...] = ()
+    """Backends tried in order when the chosen target (and every other target) is down
+    or failed before its first token."""
+    sticky: Literal["thread", "none"] = "thread"
+    """``thread``: the choice hashes the thread id (the request id for stateless runs),
+    so one conversation stays on one target while it is healthy; ``none``: random."""
+    balance: Literal["weighted", "least_loaded"] = "weighted"
+    """``least_loaded``: among targets of equal weight, the one with the fewest running
+    and waiting requests in its last ``/metrics`` scrape (vLLM backends) takes the
+    request; the sticky choice holds only when loads are equal or unknown."""
+
+    @field_validator("targets")
+    @classmethod
+    def _distinct_weighted(cls, value: tuple[AliasTarget, ...]) -> tuple[AliasTarget, ...]:
+        names = [t.backend for t in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a backend is listed twice: {', '.join(names)}")
+        if not any(t.weight > 0 for t in value):
+            raise ValueError("every target has weight 0: at least one must take traffic")
+        return value
+
+    @property
+    def weighted(self) -> tuple[AliasTarget, ...]:
+        """The targets that take traffic (weight > 0)."""
+        return tuple(t for t in self.targets if t.weight > 0)
+
+    @property
+    def backend_ids(self) -> tuple[str, ...]:
+        """Every backend the alias may send a request to: weighted targets, then fallbacks."""
+        return tuple(dict.fromkeys([t.backend for t in self.weighted] + [b for b in self.fallbacks]))
+
+
+def _alias(name: str, value: Any) -> Alias:
+    if isinstance(value, Alias):
+        return value
+    if isinstance(value, str):
+        return Alias(name=name, targets=(AliasTarget(backend=value, weight=1),))
+    if isinstance(value, dict):
+        return Alias.model_validate({**value, "name": name})
+    raise ValueError(f"must be a backend id or a mapping with targets, got {type(value).__name__}")
+
+
 class _RegistryFile(_Frozen):
     backends: dict[str, dict[str, Any]]
-    aliases: dict[str, str] = {}
+    aliases: dict[str, Any] = {}
+    breaker: BreakerSettings = BreakerSettings()
+    scrape: ScrapeSettings = ScrapeSettings()
 
 
 class ModelRegistry:
-    """Backends by id and aliases by name; immutable once built."""
+    """Backends by id and aliases by name; immutable once built (a reload builds a new one)."""
 
-    def __init__(self, backends: Mapping[str, Backend], aliases: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        aliases: Mapping[str, Alias | str],
+        *,
+        breaker: BreakerSettings | None = None,
+        scrape: ScrapeSettings | None = None,
+    ) -> None:
         """Args:
             backends: backends by id.
-            aliases: alias name -> backend id; every target must exist.
+            aliases: alias name -> `Alias` (or a backend id, the old form); every
+                target and fallback must exist.
+            breaker: the default circuit-breaker thresholds.
+            scrape: how often vLLM backends' ``/metrics`` are read.
 
         Raises:
             ValueError: an alias names an unknown backend.
         """
-        for alias, target in aliases.items():
-            if target not in backends:
-                raise ValueError(
-                    f"aliases.{alias}: unknown backend {target!r} "
-                    f"(known: {', '.join(sorted(backends))})"
-                )
+        parsed = {name: _alias(name, value) for name, value in aliases.items()}
+        for name, alias in parsed.items():
+            for where, ids in (("targets", [t.backend for t in alias.targets]), ("fallbacks", alias.fallbacks)):
+                for target in ids:
+                    if target not in backends:
+                        raise ValueError(
+                            f"aliases.{name}" + ("" if isinstance(aliases[name], str) else f".{where}")
+                            + f": unknown backend {target!r} (known: {', '.join(sorted(backends))})"
+                        )
         self._backends = dict(backends)
-        self._aliases = dict(aliases)
+        self._aliases = parsed
+        self.breaker = breaker or BreakerSettings()
+        self.scrape = scrape or ScrapeSettings()
 
     @property
     def backends(self) -> Mapping[str, Backend]:
         return self._backends
 
     @property
-    def aliases(self) -> Mapping[str, str]:
+    def aliases(self) -> Mapping[str, Alias]:
         return self._aliases
 
+    def alias(self, name: str) -> Alias:
+        """The alias called ``name``.
+
+        Raises:
+            UnknownModelError: not a registered alias.
+        """
+        try:
+            return self._aliases[name]
+        except KeyError:
+            raise UnknownModelError(name, self._aliases) from None
+
     def resolve(self, alias: str) -> Backend:
-        """The backend an alias points at.
+        """The alias's primary backend: its heaviest target (the first of equals).
 
         Raises:
             UnknownModelError: ``alias`` is not a registered alias.
         """
-        try:
-            return self._backends[self._aliases[alias]]
-        except KeyError:
-            raise UnknownModelError(alias, self._aliases) from None
+        targets = self.alias(alias).weighted
+        return self._backends[max(targets, key=lambda t: t.weight).backend]
+
+    def candidates(self, alias: str) -> list[Backend]:
+        """Every backend ``alias`` may send a request to: its weighted targets, then
+        its fallbacks.
+
+        Raises:
+            UnknownModelError: ``alias`` is not a registered alias.
+        """
+        return [self._backends[i] for i in self.alias(alias).backend_ids]
+
+    def breaker_for(self, backend: Backend) -> BreakerSettings:
+        """The backend's own breaker thresholds, or the registry's."""
+        return backend.breaker or self.breaker
 
     def managed_backends(self, aliases: Iterator[str] | None = None) -> list[Backend]:
         """Backends Switchyard launches itself (``llamacpp`` with a launch block) that the
-        given aliases (default: all) use. vLLM backends are never launched by Switchyard."""
+        given aliases (default: all) may use. vLLM backends are never launched by Switchyard."""
         names = list(aliases) if aliases is not None else list(self._aliases)
         seen: dict[str, Backend] = {}
         for name in names:
-            backend = self.resolve(name)
-            if isinstance(backend.launch, LocalLaunch):
-                seen[backend.id] = backend
+            for backend in self.candidates(name):
+                if isinstance(backend.launch, LocalLaunch):
+                    seen[backend.id] = backend
         return list(seen.values())
 
 
@@ -374,7 +495,17 @@ def load_registry(path: str | Path) -> ModelRegistry:
     if problems:
         raise RegistryError(str(path), problems)
     try:
-        return ModelRegistry(backends, parsed.aliases)
+        aliases: dict[str, Alias | str] = {}
+        for name, value in parsed.aliases.items():
+            try:
+                aliases[name] = value if isinstance(value, str) else _alias(name, value)
+            except ValidationError as exc:
+                problems.extend(_format_errors(exc, f"aliases.{name}."))
+            except ValueError as exc:
+                problems.append(f"aliases.{name}: {exc}")
+        if problems:
+            raise RegistryError(str(path), problems)
+        return ModelRegistry(backends, aliases, breaker=parsed.breaker, scrape=parsed.scrape)
     except ValueError as exc:
         raise RegistryError(str(path), [str(exc)]) from None
 

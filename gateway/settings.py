@@ -22,6 +22,10 @@ class GatewaySettings(BaseModel):
     current directory. Pointing this at another file is how a deployment swaps the
     local backend for a vLLM server."""
 
+    reload_check_s: float = Field(default=1.0, gt=0)
+    """How often the server checks ``models_file`` for a change (and reloads it; an
+    invalid file is refused, logged, and the running registry kept)."""
+
     probe_timeout_s: float = Field(default=2.0, gt=0)
     """How long a readiness probe of one backend may take."""
 

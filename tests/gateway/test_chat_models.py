@@ -14,6 +14,7 @@ from langchain_core.tools import tool
 from pydantic import BaseModel
 
 from gateway import Backend, ModelGateway, load_registry
+from gateway import RoutedChatModel
 from gateway.chat import GatewayChatModel, LlamaCppChatModel, build_chat_model
 from tests.conftest import REPO
 
@@ -40,8 +41,12 @@ async def gateway(local_backend: Backend) -> AsyncIterator[ModelGateway]:
 
 
 async def test_the_local_alias_gets_the_llamacpp_model(gateway: ModelGateway) -> None:
-    assert isinstance(gateway.chat_model("chat-default"), LlamaCppChatModel)
-    assert gateway.chat_model("chat-default") is gateway.chat_model("chat-default")  # shared, built once
+    routed = gateway.chat_model("chat-default")
+    assert isinstance(routed, RoutedChatModel) and routed.alias == "chat-default"
+    assert routed is gateway.chat_model("chat-default")  # shared, built once
+    backend = gateway.backend("chat-default")
+    assert isinstance(gateway.backend_chat_model(backend), LlamaCppChatModel)
+    assert gateway.backend_chat_model(backend) is gateway.backend_chat_model(backend)
 
 
 # SmolLM2 calls tools reliably only after examples of calls (measured: 0/5 zero-shot,
