@@ -65,12 +65,10 @@ class RunGuard:
 
 
 async def guarded(source: AsyncIterator[T], guard: RunGuard, deadline_s: float | None = None) -> AsyncIterator[T]:
-    """Iterate ``source`` in the current task until ``guard`` stops it (or
-    ``deadline_s`` passes: `RunDeadlineError`); then raise the guard's error after
-    the items produced before it. ``source`` is closed when this iterator is."""
-    task = asyncio.current_task()
-    assert task is not None
-    guard._task = task
+    """Iterate ``source`` until ``guard`` stops it (or ``deadline_s`` passes:
+    `RunDeadlineError`); then raise the guard's error after the items produced before
+    it. The stop cancels whichever task is waiting for the next item. ``source`` is
+    closed when this iterator is."""
     handle = (
         asyncio.get_running_loop().call_later(deadline_s, guard.stop, RunDeadlineError(deadline_s))
         if deadline_s is not None
@@ -84,6 +82,11 @@ async def guarded(source: AsyncIterator[T], guard: RunGuard, deadline_s: float |
                 # (a cancel right after create) never starts it.
                 if guard.error is not None:
                     raise guard.error
+                # The task that waits for this item: one may read ahead of another
+                # (a response waiting to name its backend), each is the one stopped.
+                task = asyncio.current_task()
+                assert task is not None
+                guard._task = task
                 guard._inside = True
                 try:
                     item = await anext(iterator)

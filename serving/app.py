@@ -33,6 +33,8 @@ from serving.langgraph_api.router import router as langgraph_router
 from serving.langgraph_api.service import LangGraphService
 from serving.langgraph_api.store import StoreService
 from serving.langgraph_api.store import router as store_router
+from serving.models_admin import ModelsReloader
+from serving.models_admin import router as models_admin_router
 from serving.knowledge_api.router import router as knowledge_router
 from serving.openai.router import router as openai_router
 from serving.openai.service import ChatCompletionService
@@ -52,8 +54,10 @@ log = logging.getLogger(__name__)
 _LOCAL_ORIGINS = r"http://(?:localhost|127\.0\.0\.1|\[::1\])(?::[0-9]{1,5})?"
 _CORS_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 # Response headers a browser script may read: the request id, where a run lives,
-# when to retry.
-_CORS_EXPOSED = ("x-request-id", "content-location", "location", "retry-after")
+# when to retry, which backend and route served the answer.
+_CORS_EXPOSED = (
+    "x-request-id", "content-location", "location", "retry-after", "x-switchyard-backend", "x-switchyard-route",
+)
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
@@ -178,6 +182,9 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
             built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, host, checks,
             max_history_bytes=server.history_max_bytes, store=stores.store,
         )
+        reloader = app.state.models_reloader = ModelsReloader(built)
+        metrics.watch_gateway(built.gateway, lambda: reloader.reloads)
+        reloader.start()
         _tune_gc()
         log.info(
             "serving graphs %s and model aliases %s",
@@ -187,6 +194,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         try:
             yield
         finally:
+            await reloader.aclose()
             await app.state.langgraph_service.aclose()  # background runs end before their stores close
             audit.close()
             await stores.aclose()
@@ -227,6 +235,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
     app.include_router(langgraph_assistants_router)
     app.include_router(langgraph_open_router)
     app.include_router(store_router)
+    app.include_router(models_admin_router)
 
     if not public_docs:
 
@@ -248,13 +257,17 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         responses={503: {"description": "Not ready: each backend's and the thread store's reason"}},
     )
     async def readyz() -> JSONResponse:
-        """200 once every backend the graphs call answers its health check; else 503
-        with each backend's reason (still loading, refused...)."""
+        """200 once every model alias the graphs call has a backend (a target or a
+        fallback) that answers its health check; else 503. Either way each backend's
+        state is listed (ok, still loading, refused...)."""
         built: Platform = app.state.platform
-        results = await built.gateway.probe(built.graph_backends())
+        aliases = built.graph_aliases()
+        results = await built.gateway.probe(sorted({b for ids in aliases.values() for b in ids}))
         # Open to anyone: each reason without URLs or addresses; the details go to the log.
         backends = {r.backend_id: _public_reason(r.public_reason) for r in results}
-        ready = all(r.ready for r in results)
+        ready_ids = {r.backend_id for r in results if r.ready}
+        # Ready when every alias the graphs call has a backend that answers (a target or a fallback).
+        ready = all(ready_ids.intersection(ids) for ids in aliases.values())
         for result in results:
             if not result.ready and logged_reasons.get(result.backend_id) != result.reason:
                 log.warning("not ready: backend %s: %s", result.backend_id, result.reason)

@@ -90,6 +90,9 @@ class TenantSettings(BaseModel):
     output_block_terms: tuple[str, ...] = ()
     """Terms that stop this tenant's answers (on top of the global list)."""
     limits: TenantLimits = TenantLimits()
+    admin: bool = False
+    """Whether the tenant's keys may call the operator routes (``/admin/...``: reload
+    the model registry, read the gateway's state)."""
 
     def allows_collection(self, name: str) -> bool:
         return "*" in self.collections or name in self.collections
@@ -262,7 +265,7 @@ class Authenticator:
         self._by_hash = self._read()
         # --dev: one local user, bound only by the server-wide limits.
         unlimited = TenantLimits(requests_per_s=1e9, burst=10**9, max_concurrent_runs=10**9)
-        self._dev = Principal(tenant=DEV_TENANT, key_id="-", settings=TenantSettings(limits=unlimited))
+        self._dev = Principal(tenant=DEV_TENANT, key_id="-", settings=TenantSettings(limits=unlimited, admin=True))
 
     def _read(self) -> dict[str, KeyRecord]:
         by_hash = {r.sha256: r for r in [*self._settings.keys, *load_keys(self._keys_file)]}

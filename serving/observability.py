@@ -18,10 +18,12 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 __all__ = [
     "REQUEST_ID_HEADER",
@@ -227,13 +229,15 @@ class ServingMetrics:
             "switchyard_runs_in_flight", "Runs being generated now.", registry=self.registry
         )
         self.runs = Counter(
-            "switchyard_runs", "Finished runs by kind, target and outcome (ok, error, cancelled).",
-            ["kind", "target", "outcome"], registry=self.registry,
+            "switchyard_runs",
+            "Finished runs by kind, target, outcome (ok, error, cancelled) and the backend that served "
+            "their last model call (none: no model answered).",
+            ["kind", "target", "outcome", "backend"], registry=self.registry,
         )
         self.time_to_first_token = Histogram(
             "switchyard_time_to_first_token_seconds",
-            "From request to the first answer event.",
-            ["kind"],
+            "From request to the first answer event, by kind and the backend that produced it.",
+            ["kind", "backend"],
             buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
@@ -269,3 +273,65 @@ class ServingMetrics:
             "Sequence number of the audit log's last record (its hash is in the server log).",
             registry=self.registry,
         )
+
+    def watch_gateway(self, gateway: Any, reloads: Callable[[], Mapping[str, int]] | None = None) -> None:
+        """Export the gateway's state at each scrape: breakers, retries, who served,
+        registry reloads (`GatewayCollector`)."""
+        self.registry.register(GatewayCollector(gateway, reloads))
+
+
+_BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
+
+
+class GatewayCollector(Collector):
+    """The model gateway's counters and states, read when Prometheus scrapes."""
+
+    def __init__(self, gateway: Any, reloads: Callable[[], Mapping[str, int]] | None = None) -> None:
+        self._gateway = gateway
+        self._reloads = reloads
+
+    def describe(self) -> list[Metric]:
+        return []  # collected fresh each scrape (backends come and go with reloads)
+
+    def collect(self) -> Iterator[Metric]:
+        gateway = self._gateway
+        state = GaugeMetricFamily(
+            "switchyard_backend_breaker_state",
+            "Circuit breaker of each backend: 0 closed, 1 half-open (one probe request), 2 open (no traffic).",
+            labels=["backend"],
+        )
+        states = gateway.breakers.states()
+        for backend_id in gateway.registry.backends:
+            state.add_metric([backend_id], _BREAKER_VALUE[states.get(backend_id, "closed")])
+        yield state
+        transitions = CounterMetricFamily(
+            "switchyard_backend_breaker_transitions",
+            "Circuit breaker transitions, by backend and the state entered.",
+            labels=["backend", "state"],
+        )
+        for (backend_id, entered), count in sorted(gateway.breakers.transitions.items()):
+            transitions.add_metric([backend_id, entered], count)
+        yield transitions
+        retries = CounterMetricFamily(
+            "switchyard_gateway_retries",
+            "Model calls passed on to the next backend after a failure before the first token, by alias and the backend that failed.",
+            labels=["alias", "backend"],
+        )
+        for (alias, backend_id), count in sorted(gateway.retries.items()):
+            retries.add_metric([alias, backend_id], count)
+        yield retries
+        served = CounterMetricFamily(
+            "switchyard_gateway_served",
+            "Model calls answered (a first token or a whole answer), by alias and backend.",
+            labels=["alias", "backend"],
+        )
+        for (alias, backend_id), count in sorted(gateway.served.items()):
+            served.add_metric([alias, backend_id], count)
+        yield served
+        if self._reloads is not None:
+            reloads = CounterMetricFamily(
+                "switchyard_model_registry_reloads", "Model registry reloads by outcome (ok, refused).", labels=["outcome"]
+            )
+            for outcome, count in sorted(self._reloads().items()):
+                reloads.add_metric([outcome], count)
+            yield reloads

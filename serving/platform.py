@@ -64,10 +64,11 @@ class Platform:
             raise
         return cls(settings=settings, gateway=gateway, knowledge=knowledge, tools=tools, graphs=graphs)
 
-    def graph_backends(self) -> list[str]:
-        """Ids of the backends the registered graphs call (what readiness waits for)."""
-        ids = {self.gateway.backend(g.spec.model).id for g in self.graphs}
-        return sorted(ids)
+    def graph_aliases(self) -> dict[str, list[str]]:
+        """The model aliases the registered graphs call, each with the backends it may
+        use (what readiness waits for: one of them per alias)."""
+        registry = self.gateway.registry
+        return {alias: [b.id for b in registry.candidates(alias)] for alias in {g.spec.model for g in self.graphs}}
 
     async def aclose(self) -> None:
         if self.knowledge is not None:

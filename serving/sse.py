@@ -29,15 +29,18 @@ handler: a client that leaves cancels the work once, and the handler gets
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["SSE_EVENT_SCHEMA", "ClientDisconnectedError", "Drain", "EventStream", "cancel_on_disconnect"]
+__all__ = ["SSE_EVENT_SCHEMA", "ClientDisconnectedError", "Drain", "EventStream", "cancel_on_disconnect", "read_ahead"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -240,3 +243,70 @@ class EventStream(Response):
                 await send({"type": "http.response.body", "body": _KEEPALIVE, "more_body": True})
             else:
                 await asyncio.sleep(self._keepalive_s / 10)
+
+
+async def _next(source: AsyncIterator[T]) -> T:
+    return await anext(source)
+
+
+async def read_ahead(
+    source: AsyncIterator[T], ready: Callable[[], bool], limit_s: float
+) -> AsyncIterator[T]:
+    """Read ``source`` ahead until ``ready()`` holds, it ends, or ``limit_s`` passes;
+    then an iterator over the items read and the rest of ``source``.
+
+    For a response whose headers depend on what the stream finds out (which backend
+    answered). Each item is read by a task of its own, so the wait can end without
+    cancelling the read in progress; the returned iterator picks that read up.
+    Closing the returned iterator closes ``source``; so does an error or a
+    cancellation here (the caller's cancellation ends the pending read too).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    buffered: list[T] = []
+    pending: asyncio.Future[T] | None = None
+    ended = False
+    try:
+        while not ready():
+            if pending is None:
+                pending = asyncio.ensure_future(_next(source))
+            done, _ = await asyncio.wait({pending}, timeout=max(0.0, deadline - loop.time()))
+            if not done:
+                break
+            item, pending = pending, None
+            try:
+                buffered.append(item.result())
+            except StopAsyncIteration:
+                ended = True
+                break
+    except BaseException:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        closer = getattr(source, "aclose", None)
+        if closer is not None:
+            await closer()
+        raise
+
+    async def rest() -> AsyncIterator[T]:
+        try:
+            for item in buffered:
+                yield item
+            if ended:
+                return
+            if pending is not None:
+                try:
+                    yield await pending
+                except StopAsyncIteration:
+                    return
+            async for item in source:
+                yield item
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+            closer = getattr(source, "aclose", None)
+            if closer is not None:
+                await closer()
+
+    return rest()

@@ -47,8 +47,8 @@ from serving.langgraph_api.service import (
     thread_event_id,
     thread_events,
 )
-from serving.runs import RunRecord
-from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect
+from serving.runs import RunRecord, served_by
+from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect, read_ahead
 from serving.sse import cancel_on_disconnect as _disconnect_cancels  # `join_run` has a parameter of that name
 
 __all__ = ["open_router", "router"]
@@ -282,6 +282,15 @@ async def _stream(
         frames = service.relay(started)  # its thread's streams get the frames too
         close = started.events.aclose
     server = request.app.state.platform.settings.server
+    try:
+        # The response starts once the backend that answers is known (the header names
+        # it, after any fallback), or the run has ended, or a keep-alive interval passed.
+        async with cancel_on_disconnect(request.receive):
+            frames = await read_ahead(frames, lambda: started.routing.backend is not None, server.keepalive_s)
+    except BaseException:
+        await (close or frames.aclose)()  # type: ignore[attr-defined]
+        raise
+    headers.update(served_by(started.routing))
     return EventStream(
         frames,
         close=close,
@@ -312,7 +321,10 @@ async def _wait(
                         result = {"__error__": data}
             except (RunDeadlineError, RunCancelledError) as exc:
                 result = {"__error__": stop_error(exc, started.record.run_id)}
-    return _json(result, headers={"Content-Location": _location(started.record.thread_id, started.record.run_id)})
+    return _json(
+        result,
+        headers={"Content-Location": _location(started.record.thread_id, started.record.run_id), **served_by(started.routing)},
+    )
 
 
 RunBody = Annotated[RunCreate, Body()]

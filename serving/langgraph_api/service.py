@@ -28,7 +28,7 @@ from langgraph.types import Command, Interrupt, StateSnapshot
 from langchain_core.messages import AIMessage, AIMessageChunk
 from pydantic import BaseModel
 
-from gateway import CapabilityError
+from gateway import CapabilityError, RouteScope
 from graphs import CLIENT_CONTEXT_FIELDS, GraphRegistry, OutputBlockedError, RegisteredGraph
 from serving._tasks import RunCancelledError, RunDeadlineError
 from serving.auth import Principal
@@ -289,6 +289,8 @@ class StartedRun:
     """Its first event, ``metadata``."""
     events: AsyncGenerator[tuple[str, Any], None]
     """The rest; closing them ends the run and gives back what it holds."""
+    routing: RouteScope
+    """Its routing: the backends that served its model calls are recorded here."""
 
 
 def _checked_message(message: Any, guard: OutputGuard) -> Any:
@@ -1295,6 +1297,8 @@ class LangGraphService:
             thread_status=thread_status if keep else None,
             record=run_record,
             approvals=keep,  # a kept thread can be resumed with the answer
+            # Sticky on the thread; a run whose state is not kept, on its request.
+            routing=RouteScope(key=thread_id if keep else request_id),
         )
         events = self._run(graph, plan, body, prepared, thread_id, keep=keep)
         try:
@@ -1302,7 +1306,8 @@ class LangGraphService:
         except BaseException:
             await events.aclose()
             raise
-        return StartedRun(record=run_record, first=first, events=events)
+        assert plan.routing is not None
+        return StartedRun(record=run_record, first=first, events=events, routing=plan.routing)
 
     def run_record(self, thread_id: str, run_id: str, principal: Principal) -> RunRecord:
         """Raises ServingError 404 for an unknown run (or another tenant's)."""
@@ -1489,6 +1494,7 @@ class LangGraphService:
             async with self._host.open(plan) as run:
                 if run.span.callbacks:
                     config["callbacks"] = run.span.callbacks
+                config = run.config(config)
                 yield "metadata", {"run_id": plan.run_id, "attempt": 1}
                 errors = _EventErrors(plan.run_id)
                 try:

@@ -6,9 +6,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from gateway import RouteScope
 from serving.deps import ChatServiceDep, DeadlineDep, PrincipalDep, RequestIdDep, require_key
 from serving.errors import error_body, to_api_error
 from serving.openai.protocol import (
@@ -19,6 +20,7 @@ from serving.openai.protocol import (
     ErrorResponse,
     ModelList,
 )
+from serving.runs import served_by
 from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect
 
 __all__ = ["router"]
@@ -92,17 +94,24 @@ async def chat_completions(
     principal: PrincipalDep,
     deadline_s: DeadlineDep,
     request: Request,
+    response: Response,
 ) -> Any:
-    """Run a graph, or relay to a model alias; ``stream: true`` answers over SSE."""
+    """Run a graph, or relay to a model alias; ``stream: true`` answers over SSE.
+
+    Every answer names the backend that produced it in ``x-switchyard-backend``."""
     log.info("chat completion model=%s stream=%s messages=%d", body.model, body.stream, len(body.messages))
+    routing = RouteScope(key=request_id)  # stateless: sticky on the request
     if not body.stream:
         async with cancel_on_disconnect(request.receive):
-            answer = await service.complete(body, request_id, principal, deadline_s)
+            answer = await service.complete(body, request_id, principal, deadline_s, routing)
         # An alias's answer is the backend's JSON as it came (logprobs, reasoning,
         # usage details...), except what the output policy checks or removes (see
         # `_check_alias_answer`); only graph answers are built from our own models.
-        return JSONResponse(answer) if isinstance(answer, dict) else answer
-    stream = service.stream(body, request_id, principal, deadline_s)
+        if isinstance(answer, dict):
+            return JSONResponse(answer, headers=served_by(routing))
+        response.headers.update(served_by(routing))
+        return answer
+    stream = service.stream(body, request_id, principal, deadline_s, routing)
     try:
         # Pull the first payload before answering, so a bad request or a backend that
         # is down becomes a JSON error with its real status, not a 200 stream.
@@ -114,6 +123,7 @@ async def chat_completions(
     server = request.app.state.platform.settings.server
     return EventStream(
         _frames(first, stream),
+        headers=served_by(routing),  # the first payload is out: its backend is known
         close=stream.aclose,
         keepalive_s=server.keepalive_s,
         drain=request.app.state.drain,

@@ -26,7 +26,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage, convert_to_messages
 from langgraph.store.base import BaseStore
 
-from gateway import ModelGateway
+from gateway import ModelGateway, RouteScope
 from graphs import (
     Citations,
     Finish,
@@ -370,7 +370,12 @@ class ChatCompletionService:
         )
 
     def _plan(
-        self, request: ChatCompletionRequest, request_id: str, principal: Principal, deadline_s: float | None
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        principal: Principal,
+        deadline_s: float | None,
+        routing: RouteScope | None = None,
     ) -> tuple[RunPlan, list[BaseMessage]]:
         """Check the request (nothing is taken yet) and describe its run; for a graph,
         its messages as LangChain messages."""
@@ -387,13 +392,21 @@ class ChatCompletionService:
                     f"graph {request.model!r} brings its own tools; send client tools to a model alias instead",
                     param="tools",
                 )
-            self._checks.graph(request.model, principal, request.sampling_params())
+            dumped = request.model_dump(include={"messages"}, exclude_none=True)["messages"]
+            self._checks.graph(request.model, principal, request.sampling_params(), dumped)
             messages = _to_langchain(request.messages)
         else:
             kind = "alias"
-            self._gateway.backend(request.model)  # raises UnknownModelError naming what exists
+            self._gateway.registry.alias(request.model)  # raises UnknownModelError naming what exists
             if not principal.settings.allows_model(request.model):
                 raise ServingError(403, f"tenant {principal.tenant!r} may not use model {request.model!r}")
+            # No backend of the alias can take it: a 400 before a slot is taken.
+            self._gateway.check_alias(
+                request.model,
+                request.model_dump(
+                    exclude_none=True, include={"messages", "tools", "response_format", "max_tokens", "max_completion_tokens"}
+                ),
+            )
         plan = RunPlan(
             protocol="openai",
             kind=kind,
@@ -405,6 +418,7 @@ class ChatCompletionService:
             model_params=request.sampling_params(),
             collection=request.collection,
             attributes={"switchyard.stream": bool(request.stream)},
+            routing=routing,
         )
         return plan, messages
 
@@ -413,7 +427,7 @@ class ChatCompletionService:
         graph = tenant_graph(self._graphs.get(request.model).graph, self._store, run.plan.principal.tenant)
         stream = graph.astream(
             {"messages": messages},
-            {"callbacks": run.span.callbacks} if run.span.callbacks else None,
+            run.config({"callbacks": run.span.callbacks} if run.span.callbacks else None),
             context=run.context(),
             # `updates` only for graphs that report sources (citations): it costs ~2 ms a run.
             stream_mode=["messages", "updates"] if "sources" in graph.channels else ["messages"],
@@ -424,7 +438,12 @@ class ChatCompletionService:
     # ---- streaming -------------------------------------------------------------------
 
     async def stream(
-        self, request: ChatCompletionRequest, request_id: str, principal: Principal, deadline_s: float | None = None
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        principal: Principal,
+        deadline_s: float | None = None,
+        routing: RouteScope | None = None,
     ) -> AsyncIterator[str]:
         """The SSE ``data:`` payloads of a streamed answer, ending with ``[DONE]``.
 
@@ -432,7 +451,7 @@ class ChatCompletionService:
         down (callers turn that into a JSON error with its status); after the first
         payload, errors are the caller's to encode as a final error event.
         """
-        plan, messages = self._plan(request, request_id, principal, deadline_s)
+        plan, messages = self._plan(request, request_id, principal, deadline_s, routing)
         async with self._host.open(plan) as run:
             chunks = self._graph_chunks(request, messages, run) if plan.kind == "graph" else self._alias_chunks(request, run)
             async with aclosing(chunks) as payloads:
@@ -518,7 +537,7 @@ class ChatCompletionService:
         # on a final chunk with empty choices, if the client asked.
         usage: Any = None
         last: dict[str, Any] | None = None
-        async with aclosing(run.events(self._gateway.stream_chat(request.model, body))) as chunks:
+        async with aclosing(run.events(self._gateway.stream_chat(request.model, body, run.routing))) as chunks:
             async for chunk in chunks:
                 usage = chunk.pop("usage", None) or usage
                 if not chunk.get("choices"):
@@ -543,16 +562,21 @@ class ChatCompletionService:
     # ---- whole answers ---------------------------------------------------------------
 
     async def complete(
-        self, request: ChatCompletionRequest, request_id: str, principal: Principal, deadline_s: float | None = None
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        principal: Principal,
+        deadline_s: float | None = None,
+        routing: RouteScope | None = None,
     ) -> ChatCompletion | dict[str, Any]:
         """A whole answer (``stream: false``)."""
-        plan, messages = self._plan(request, request_id, principal, deadline_s)
+        plan, messages = self._plan(request, request_id, principal, deadline_s, routing)
         async with self._host.open(plan) as run:
             if plan.kind == "alias":
                 body = _alias_body(request, run.guard)
                 try:
                     answer: ChatCompletion | dict[str, Any] = await asyncio.wait_for(
-                        self._gateway.complete_chat(request.model, body), deadline_s
+                        self._gateway.complete_chat(request.model, body, run.routing), deadline_s
                     )
                 except TimeoutError:
                     raise RunDeadlineError(deadline_s or 0) from None

@@ -7,10 +7,11 @@ the records that cancel, join and resume address.
 
 from serving.runs.errors import ClientError, client_error
 from serving.runs.checks import RunChecks, SamplingParams, json_problem, parse_sampling, run_messages
-from serving.runs.host import STAGES, ActiveRun, RunHook, RunHost, RunPlan
+from serving.runs.host import BACKEND_HEADER, STAGES, ActiveRun, RunHook, RunHost, RunPlan, served_by
 from serving.runs.registry import RunRecord, RunRegistry, RunStatus
 
 __all__ = [
+    "BACKEND_HEADER",
     "STAGES",
     "ActiveRun",
     "ClientError",
@@ -26,4 +27,5 @@ __all__ = [
     "json_problem",
     "parse_sampling",
     "run_messages",
+    "served_by",
 ]

@@ -105,19 +105,24 @@ class RunChecks:
         self._graphs = graphs
         self._guardrails = guardrails
 
-    def graph(self, graph_id: str, principal: Principal, model_params: Mapping[str, Any]) -> None:
+    def graph(
+        self, graph_id: str, principal: Principal, model_params: Mapping[str, Any], messages: Iterable[Any] = ()
+    ) -> None:
         """A run of graph ``graph_id`` with these sampling parameters.
 
         Raises:
             ServingError: 403 for a graph the tenant may not use.
-            CapabilityError: the parameters exceed the contract of the graph's backend
-                (``max_tokens`` past its context window, ``json_schema`` output on a
-                backend without it).
+            CapabilityError: no backend of the graph's model alias can serve the
+                parameters (``max_tokens`` past its context window, ``json_schema``
+                output on a backend without it) or the prompt ``messages`` (OpenAI
+                dicts), which are longer than every such backend's context window.
         """
         if not principal.settings.allows_graph(graph_id):
             raise ServingError(403, f"tenant {principal.tenant!r} may not use graph {graph_id!r}")
-        backend = self._gateway.backend(self._graphs.get(graph_id).spec.model)
-        self._gateway.check_capabilities(backend, model_params)
+        request = dict(model_params)
+        if messages:
+            request["messages"] = list(messages)
+        self._gateway.check_alias(self._graphs.get(graph_id).spec.model, request)
 
     def input(self, texts: Iterable[str], principal: Principal, *, param: str) -> None:
         """The input filter over the texts a run would send to a model.

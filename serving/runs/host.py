@@ -29,7 +29,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from gateway import BackendResponseError, BackendUnavailableError
+from gateway import ROUTE_SCOPE, BackendResponseError, BackendUnavailableError, RouteScope
 from graphs import OutputBlockedError, OutputPolicy, RunBudget, RunContext
 from serving._tasks import RunCancelledError, RunDeadlineError, RunGuard, guarded
 from serving.audit import AuditLog, tool_call_sink
@@ -42,7 +42,15 @@ from serving.runs.registry import RunRecord, RunRegistry, RunStatus
 from serving.threads import ThreadStatus, ThreadStore
 from serving.tracing import NO_TRACING, NoTracing, RunSpan, Tracing
 
-__all__ = ["ActiveRun", "RunHook", "RunHost", "RunPlan", "STAGES"]
+__all__ = ["ActiveRun", "BACKEND_HEADER", "RunHook", "RunHost", "RunPlan", "STAGES", "served_by"]
+
+BACKEND_HEADER = "x-switchyard-backend"
+"""The response header naming the backend that produced an answer's tokens."""
+
+
+def served_by(routing: RouteScope) -> dict[str, str]:
+    """The response headers naming who served a run (none before a model answered)."""
+    return {BACKEND_HEADER: routing.backend} if routing.backend else {}
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +95,9 @@ class RunPlan:
     """Whether the run can pause for a person's approval (a kept thread can)."""
     attributes: Mapping[str, Any] = field(default_factory=dict)
     """More span attributes."""
+    routing: RouteScope | None = None
+    """The run's routing, when the caller wants to read it (the backend that served,
+    for a response header); default: one keyed by the thread id, else the request id."""
 
 
 class ActiveRun:
@@ -109,10 +120,20 @@ class ActiveRun:
         self.run_status: RunStatus = "error"
         self._host = host
         self._stop = plan.record.guard if plan.record is not None else RunGuard()
+        self.routing = plan.routing or RouteScope(key=plan.thread_id or plan.request_id)
+        """Which backend the gateway picks for the run's model calls (sticky on the
+        thread, else the request), and which ones served it."""
 
     @property
     def metric_kind(self) -> str:
         return "langgraph" if self.plan.protocol == "langgraph" else self.plan.kind
+
+    def config(self, config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``config`` (a LangChain run config) with the run's routing in
+        ``configurable``, where the gateway's routed chat model finds it."""
+        config = dict(config or {})
+        config["configurable"] = {**(config.get("configurable") or {}), ROUTE_SCOPE: self.routing}
+        return config
 
     def context(self) -> RunContext:
         """The graph's run context: per-request facts, server-set lists and budget."""
@@ -147,7 +168,8 @@ class ActiveRun:
         """The first token was sent (time to first token)."""
         if not self.first_at:
             self.first_at = time.perf_counter()
-            self._host.metrics.time_to_first_token.labels(self.metric_kind).observe(self.first_at - self.started)
+            backend = self.routing.backend or "none"
+            self._host.metrics.time_to_first_token.labels(self.metric_kind, backend).observe(self.first_at - self.started)
 
     def fail(self, error: BaseException) -> None:
         """The run failed; the service reports it in-band (the block exits normally)."""
@@ -314,6 +336,8 @@ class RunHost:
         run.thread_status = status
 
     def _end_record(self, record: RunRecord, run: ActiveRun) -> None:
+        if run.routing.backend is not None:
+            record.metadata["switchyard_backend"] = run.routing.backend
         self.runs.ended(record)
         record.finish(run.run_status)
 
@@ -327,7 +351,8 @@ class RunHost:
         outcome = run.outcome or "error"
         kind = run.metric_kind
         self.metrics.runs_in_flight.dec()
-        self.metrics.runs.labels(kind, plan.target, outcome).inc()
+        backend = run.routing.backend or "none"
+        self.metrics.runs.labels(kind, plan.target, outcome, backend).inc()
         if run.tokens:
             self.metrics.output_tokens.labels(kind, plan.target).inc(run.tokens)
             if run.first_at and (seconds := time.perf_counter() - run.first_at) > 0:
@@ -343,6 +368,7 @@ class RunHost:
             self.metrics.output_checks.labels(kind, "redacted").inc()
         self.audit.append(
             "run", request_id=plan.request_id, kind=kind, target=plan.target, outcome=outcome, tokens=run.tokens,
+            backend=run.routing.backend,
             run_id=plan.run_id, thread_id=plan.thread_id, thread_status=run.thread_status,
             tenant=principal.tenant, key_id=principal.key_id,
         )
@@ -350,6 +376,7 @@ class RunHost:
             "gen_ai.usage.output_tokens": run.tokens,
             "switchyard.ttft_ms": round((run.first_at - run.started) * 1000, 1) if run.first_at else None,
             "switchyard.thread_status": run.thread_status,
+            "switchyard.backend": run.routing.backend,
         })
         run.span.end(outcome, run.error)
 
