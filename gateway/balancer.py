@@ -158,6 +158,10 @@ class RouteScope:
     """Backend ids that produced a first token for this run, in order."""
     retried: list[str] = field(default_factory=list)
     """Backend ids that failed before their first token and were passed over."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Alias overrides for this run (a route's alias instead of the graph's own)."""
+    route: str | None = None
+    """The route that chose the run's graph and alias, if one did."""
 
     @property
     def backend(self) -> str | None:

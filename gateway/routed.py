@@ -96,7 +96,9 @@ class RoutedChatModel(BaseChatModel):
         def start(backend: Backend) -> AsyncIterator[ChatGenerationChunk]:
             return self._backend_model(backend)._astream(messages, stop=stop, run_manager=run_manager, **kwargs)
 
-        async for chunk in self.gateway.routed(self.alias, current_scope(), _request(messages, kwargs), start):
+        scope = current_scope()
+        alias = scope.aliases.get(self.alias, self.alias) if scope is not None else self.alias
+        async for chunk in self.gateway.routed(alias, scope, _request(messages, kwargs), start):
             yield chunk
 
     async def _agenerate(

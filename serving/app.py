@@ -20,6 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway.vllm_metrics import LoadScraper, load_score
 from serving.errors import UnexpectedErrors, install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
 from serving.audit import AuditLog, load_key
@@ -34,6 +35,7 @@ from serving.langgraph_api.service import LangGraphService
 from serving.langgraph_api.store import StoreService
 from serving.langgraph_api.store import router as store_router
 from serving.models_admin import ModelsReloader
+from serving.routing import RoutingConfigError, SemanticRouter, packaged_embedder
 from serving.models_admin import router as models_admin_router
 from serving.knowledge_api.router import router as knowledge_router
 from serving.openai.router import router as openai_router
@@ -41,13 +43,32 @@ from serving.openai.service import ChatCompletionService
 from serving.persistence import open_thread_stores
 from serving.runs import RunChecks, RunHook, RunHost, RunRegistry
 from serving.platform import Platform
-from serving.settings import ServerSettings, Settings
+from serving.settings import ConfigError, ServerSettings, Settings
 from serving.tracing import Tracing, TracingMiddleware, open_tracing
 from serving.sse import Drain
 
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
+
+
+async def _semantic_router(settings: Settings, platform: Platform) -> SemanticRouter | None:
+    """The routes of ``model: "auto"``, checked against the graphs and aliases and with
+    their examples embedded; None when no route is configured.
+
+    Raises:
+        ConfigError: a route names an unknown graph or alias.
+    """
+    if not settings.routing.routes:
+        return None
+    router = SemanticRouter(settings.routing, packaged_embedder())
+    try:
+        router.check(platform.graphs.ids(), platform.gateway.registry.aliases)
+        await router.prepare()
+    except RoutingConfigError as exc:
+        await router.embedder.aclose()
+        raise ConfigError("routing: " + "; ".join(exc.problems)) from None
+    return router
 
 # Local origins `serve --dev` also allows, so a locally run browser app (the Agent
 # Chat UI on :3000) works out of the box.
@@ -177,13 +198,25 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
             threads=stores.threads, slots=slots, metrics=metrics, audit=audit, guardrails=guardrails, tracing=tracing,
             runs=runs, hook=run_hook,
         )
-        app.state.chat_service = ChatCompletionService(built.gateway, built.graphs, host, checks, store=stores.store)
+        semantic_router = app.state.semantic_router = await _semantic_router(settings, built)
+        app.state.chat_service = ChatCompletionService(
+            built.gateway, built.graphs, host, checks, store=stores.store, router=semantic_router
+        )
         app.state.langgraph_service = LangGraphService(
             built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, host, checks,
             max_history_bytes=server.history_max_bytes, store=stores.store,
         )
         reloader = app.state.models_reloader = ModelsReloader(built)
-        metrics.watch_gateway(built.gateway, lambda: reloader.reloads)
+        gateway = built.gateway
+        scrape = gateway.registry.scrape
+        # vLLM backends' /metrics: load for `balance: least_loaded`, and our own metrics.
+        # The backends are read through the gateway at each round: a reload applies.
+        scraper = LoadScraper(
+            lambda: gateway.registry.backends.values(), interval_s=scrape.interval_s, timeout_s=scrape.timeout_s
+        )
+        gateway.set_load_source(lambda backend_id: None if (load := scraper.load(backend_id)) is None else load_score(load))
+        metrics.watch_gateway(gateway, lambda: reloader.reloads, scraper)
+        await scraper.start()
         reloader.start()
         _tune_gc()
         log.info(
@@ -195,6 +228,10 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
             yield
         finally:
             await reloader.aclose()
+            await scraper.aclose()
+            if semantic_router is not None:
+                await semantic_router.aclose()
+                await semantic_router.embedder.aclose()
             await app.state.langgraph_service.aclose()  # background runs end before their stores close
             audit.close()
             await stores.aclose()

@@ -59,6 +59,9 @@ class ModelsReloader:
     def required(self) -> dict[str, str]:
         """Aliases the platform's graphs and embedder call, with who calls them."""
         users = {graph.spec.model: f"graph {graph.graph_id!r}" for graph in self._platform.graphs}
+        for name, route in self._platform.settings.routing.routes.items():
+            if route.alias:
+                users.setdefault(route.alias, f"route {name!r}")
         embedder = self._platform.settings.knowledge.embedder
         alias = getattr(embedder, "alias", None)
         if getattr(embedder, "kind", None) == "openai" and alias:

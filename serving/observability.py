@@ -274,10 +274,12 @@ class ServingMetrics:
             registry=self.registry,
         )
 
-    def watch_gateway(self, gateway: Any, reloads: Callable[[], Mapping[str, int]] | None = None) -> None:
+    def watch_gateway(
+        self, gateway: Any, reloads: Callable[[], Mapping[str, int]] | None = None, scraper: Any = None
+    ) -> None:
         """Export the gateway's state at each scrape: breakers, retries, who served,
-        registry reloads (`GatewayCollector`)."""
-        self.registry.register(GatewayCollector(gateway, reloads))
+        registry reloads, and the vLLM backends' load (`GatewayCollector`)."""
+        self.registry.register(GatewayCollector(gateway, reloads, scraper))
 
 
 _BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
@@ -286,9 +288,10 @@ _BREAKER_VALUE = {"closed": 0, "half_open": 1, "open": 2}
 class GatewayCollector(Collector):
     """The model gateway's counters and states, read when Prometheus scrapes."""
 
-    def __init__(self, gateway: Any, reloads: Callable[[], Mapping[str, int]] | None = None) -> None:
+    def __init__(self, gateway: Any, reloads: Callable[[], Mapping[str, int]] | None = None, scraper: Any = None) -> None:
         self._gateway = gateway
         self._reloads = reloads
+        self._scraper = scraper
 
     def describe(self) -> list[Metric]:
         return []  # collected fresh each scrape (backends come and go with reloads)
@@ -328,6 +331,8 @@ class GatewayCollector(Collector):
         for (alias, backend_id), count in sorted(gateway.served.items()):
             served.add_metric([alias, backend_id], count)
         yield served
+        if self._scraper is not None:
+            yield from self._vllm(self._scraper)
         if self._reloads is not None:
             reloads = CounterMetricFamily(
                 "switchyard_model_registry_reloads", "Model registry reloads by outcome (ok, refused).", labels=["outcome"]
@@ -335,3 +340,35 @@ class GatewayCollector(Collector):
             for outcome, count in sorted(self._reloads().items()):
                 reloads.add_metric([outcome], count)
             yield reloads
+
+    @staticmethod
+    def _vllm(scraper: Any) -> Iterator[Metric]:
+        """The last fresh ``/metrics`` scrape of each vLLM backend, and failed scrapes."""
+        families = {
+            "running": GaugeMetricFamily(
+                "switchyard_backend_running_requests", "Requests a vLLM backend is generating (its last scrape).", labels=["backend"]
+            ),
+            "waiting": GaugeMetricFamily(
+                "switchyard_backend_waiting_requests", "Requests queued in a vLLM backend (its last scrape).", labels=["backend"]
+            ),
+            "kv_cache_usage": GaugeMetricFamily(
+                "switchyard_backend_kv_cache_usage", "KV-cache share in use on a vLLM backend, 0 to 1 (its last scrape).", labels=["backend"]
+            ),
+            "ttft_mean_s": GaugeMetricFamily(
+                "switchyard_backend_time_to_first_token_mean_seconds",
+                "Mean time to first token a vLLM backend reports between its last two scrapes.",
+                labels=["backend"],
+            ),
+        }
+        for backend_id, load in sorted(scraper.snapshot().items()):
+            for field, family in families.items():
+                value = getattr(load, field)
+                if value is not None:
+                    family.add_metric([backend_id], float(value))
+        yield from families.values()
+        failures = CounterMetricFamily(
+            "switchyard_backend_scrape_failures", "Failed /metrics scrapes of vLLM backends.", labels=["backend"]
+        )
+        for backend_id, count in sorted(scraper.failures.items()):
+            failures.add_metric([backend_id], count)
+        yield failures

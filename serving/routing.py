@@ -386,6 +386,11 @@ class SemanticRouter:
         self._queries = _QueryBatches(embedder, max_batch=64)
 
     @property
+    def embedder(self) -> Embedder:
+        """The embedder it was built with (its owner closes it)."""
+        return self._embedder
+
+    @property
     def enabled(self) -> bool:
         """Whether there is a routing table at all (else ``model: "auto"`` is refused)."""
         return bool(self.settings.routes)

@@ -28,6 +28,7 @@ from serving.audit import AuditSettings
 from serving.auth import AuthSettings
 from serving.guardrails import GuardrailSettings
 from serving.persistence import ThreadSettings
+from serving.routing import RoutingSettings
 
 __all__ = ["ConfigError", "ServerSettings", "Settings", "TracingSettings", "load_settings"]
 
@@ -213,6 +214,9 @@ class Settings(BaseSettings):
     """The vector store (Qdrant local mode in the data directory, or a server), the
     embedder, chunking and retrieval defaults."""
     tools: ToolsSettings = ToolsSettings()
+    routing: RoutingSettings = RoutingSettings()
+    """Routes for ``model: "auto"``: a graph and model alias per kind of request, picked
+    by ``metadata.task_type`` or by the semantic router (`serving.routing`)."""
     """Built-in tools' settings (``http_get``'s allow-list), approvals, per-run budgets."""
     tracing: TracingSettings = TracingSettings()
     """OpenTelemetry spans per request, run, node, model and tool call (off by default)."""

@@ -98,6 +98,9 @@ class ChatCompletionRequest(OpenAIBaseModel):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    """Request tags (OpenAI's field). ``metadata.task_type`` picks the route of a
+    ``model: "auto"`` request explicitly; not sent on to a backend."""
     collection: str | None = Field(default=None, min_length=1, max_length=64)
     """Switchyard extension, for retrieval graphs (``rag``): the knowledge collection to
     search (default: ``knowledge.default_collection``)."""

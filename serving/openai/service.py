@@ -42,6 +42,7 @@ from serving._tasks import RunDeadlineError
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
 from serving.guardrails import OutputGuard
+from serving.routing import AUTO_MODEL, SemanticRouter
 from serving.runs import ActiveRun, RunChecks, RunHost, RunPlan
 from serving.store import tenant_graph
 from serving.openai.protocol import (
@@ -176,7 +177,7 @@ def _alias_body(request: ChatCompletionRequest, guard: OutputGuard) -> dict[str,
     """The request as relayed to an alias's backend (unknown fields kept). With the
     output guard active, ``logprobs``/``top_logprobs`` are not forwarded: the tokens
     they list are the unredacted answer, which the guard cannot check token by token."""
-    body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
+    body = request.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options", "metadata"})
     if guard.active:
         for field in _LOGPROB_FIELDS:
             body.pop(field, None)
@@ -312,12 +313,21 @@ class ChatCompletionService:
     and model aliases; every run goes through the `RunHost`."""
 
     def __init__(
-        self, gateway: ModelGateway, graphs: GraphRegistry, host: RunHost, checks: RunChecks, *, store: BaseStore | None = None
+        self,
+        gateway: ModelGateway,
+        graphs: GraphRegistry,
+        host: RunHost,
+        checks: RunChecks,
+        *,
+        store: BaseStore | None = None,
+        router: SemanticRouter | None = None,
     ) -> None:
         """Args:
             store: the server's LangGraph store; a graph run's nodes get their tenant's
                 view of it as ``runtime.store`` (`serving.store.tenant_graph`).
+            router: the routes that serve ``model: "auto"`` (`serving.routing`).
         """
+        self._router = router
         self._store = store
         self._gateway = gateway
         self._graphs = graphs
@@ -325,9 +335,12 @@ class ChatCompletionService:
         self._checks = checks
 
     def models(self, principal: Principal) -> ModelList:
-        """Graphs first, then model aliases, those the caller may use."""
+        """Graphs first (``auto`` when routes are configured), then model aliases, those
+        the caller may use."""
         allowed = principal.settings
         cards = [ModelCard(id=g, owned_by="switchyard-graph") for g in self._graphs.ids() if allowed.allows_graph(g)]
+        if self._router is not None and self._router.enabled:
+            cards.insert(0, ModelCard(id=AUTO_MODEL, owned_by="switchyard-router"))
         cards += [
             ModelCard(id=a, owned_by="switchyard-alias") for a in self._gateway.registry.aliases if allowed.allows_model(a)
         ]
@@ -369,6 +382,29 @@ class ChatCompletionService:
             data=data, model=request.model, usage=EmbeddingUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
         )
 
+    async def _route(
+        self, request: ChatCompletionRequest, principal: Principal, routing: RouteScope | None
+    ) -> tuple[ChatCompletionRequest, RouteScope | None]:
+        """A ``model: "auto"`` request as the graph its route chose (``metadata.task_type``
+        if given, else the semantic router), the route's alias set on ``routing``;
+        any other request as it is."""
+        if request.model != AUTO_MODEL:
+            return request, routing
+        if self._router is None or not self._router.enabled:
+            raise RequestError(
+                "model 'auto' needs routes: the server has no routing section", param="model", code="routing_not_configured"
+            )
+        self._checks.messages(request.model_dump(include={"messages"})["messages"], principal, param="messages")
+        task_type = (request.metadata or {}).get("task_type")
+        decision = await self._router.decide(request.model_dump(include={"messages"})["messages"], task_type)
+        routing = routing or RouteScope()
+        routing.route = decision.route
+        graph_alias = self._graphs.get(decision.graph).spec.model
+        if decision.alias and decision.alias != graph_alias:
+            routing.aliases[graph_alias] = decision.alias
+        log.info("model auto: route %s (%s, score %s) -> graph %s", decision.route, decision.reason, decision.score, decision.graph)
+        return request.model_copy(update={"model": decision.graph}), routing
+
     def _plan(
         self,
         request: ChatCompletionRequest,
@@ -393,7 +429,8 @@ class ChatCompletionService:
                     param="tools",
                 )
             dumped = request.model_dump(include={"messages"}, exclude_none=True)["messages"]
-            self._checks.graph(request.model, principal, request.sampling_params(), dumped)
+            alias = routing.aliases.get(self._graphs.get(request.model).spec.model) if routing else None
+            self._checks.graph(request.model, principal, request.sampling_params(), dumped, alias=alias)
             messages = _to_langchain(request.messages)
         else:
             kind = "alias"
@@ -451,6 +488,7 @@ class ChatCompletionService:
         down (callers turn that into a JSON error with its status); after the first
         payload, errors are the caller's to encode as a final error event.
         """
+        request, routing = await self._route(request, principal, routing)
         plan, messages = self._plan(request, request_id, principal, deadline_s, routing)
         async with self._host.open(plan) as run:
             chunks = self._graph_chunks(request, messages, run) if plan.kind == "graph" else self._alias_chunks(request, run)
@@ -570,6 +608,7 @@ class ChatCompletionService:
         routing: RouteScope | None = None,
     ) -> ChatCompletion | dict[str, Any]:
         """A whole answer (``stream: false``)."""
+        request, routing = await self._route(request, principal, routing)
         plan, messages = self._plan(request, request_id, principal, deadline_s, routing)
         async with self._host.open(plan) as run:
             if plan.kind == "alias":

@@ -106,7 +106,13 @@ class RunChecks:
         self._guardrails = guardrails
 
     def graph(
-        self, graph_id: str, principal: Principal, model_params: Mapping[str, Any], messages: Iterable[Any] = ()
+        self,
+        graph_id: str,
+        principal: Principal,
+        model_params: Mapping[str, Any],
+        messages: Iterable[Any] = (),
+        *,
+        alias: str | None = None,
     ) -> None:
         """A run of graph ``graph_id`` with these sampling parameters.
 
@@ -116,13 +122,14 @@ class RunChecks:
                 parameters (``max_tokens`` past its context window, ``json_schema``
                 output on a backend without it) or the prompt ``messages`` (OpenAI
                 dicts), which are longer than every such backend's context window.
+                ``alias`` replaces the graph's own (a route chose it).
         """
         if not principal.settings.allows_graph(graph_id):
             raise ServingError(403, f"tenant {principal.tenant!r} may not use graph {graph_id!r}")
         request = dict(model_params)
         if messages:
             request["messages"] = list(messages)
-        self._gateway.check_alias(self._graphs.get(graph_id).spec.model, request)
+        self._gateway.check_alias(alias or self._graphs.get(graph_id).spec.model, request)
 
     def input(self, texts: Iterable[str], principal: Principal, *, param: str) -> None:
         """The input filter over the texts a run would send to a model.

@@ -46,11 +46,17 @@ __all__ = ["ActiveRun", "BACKEND_HEADER", "RunHook", "RunHost", "RunPlan", "STAG
 
 BACKEND_HEADER = "x-switchyard-backend"
 """The response header naming the backend that produced an answer's tokens."""
+ROUTE_HEADER = "x-switchyard-route"
+"""The response header naming the route that chose a ``model: auto`` request's graph."""
 
 
 def served_by(routing: RouteScope) -> dict[str, str]:
-    """The response headers naming who served a run (none before a model answered)."""
-    return {BACKEND_HEADER: routing.backend} if routing.backend else {}
+    """The response headers naming who served a run: its backend (once a model
+    answered) and the route that chose its graph (if one did)."""
+    headers = {BACKEND_HEADER: routing.backend} if routing.backend else {}
+    if routing.route:
+        headers[ROUTE_HEADER] = routing.route
+    return headers
 
 log = logging.getLogger(__name__)
 
