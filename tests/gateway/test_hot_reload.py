@@ -24,8 +24,9 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
-from tests.conftest import ServerHandle
+from tests.conftest import ServerHandle, create_key
 from tests.gateway.traffic import (
     Answer,
     gateway_config,
@@ -57,6 +58,8 @@ SETTLE_S = 2.0
 UNKNOWN = "no-such-backend"
 OLD = {"main": {"targets": targets(a=100, b=0)}}
 NEW = {"main": {"targets": targets(a=0, b=100)}}
+ONLY_B = {"main": {"targets": targets(b=100)}}
+"""The new file drops backend ``a`` altogether: the streams on it must still finish there."""
 INVALID = {"main": {"targets": [{"backend": UNKNOWN, "weight": 100}]}}
 
 
@@ -99,7 +102,8 @@ def _no_server_errors(server: ServerHandle) -> None:
     assert crashes == [], "\n".join(crashes)
 
 
-async def test_weights_flip_under_load(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+@pytest.mark.parametrize("change", ["weights", "a-removed"])
+async def test_weights_flip_under_load(tmp_path: Path, backends: dict[str, ScriptedBackend], change: str) -> None:
     models = write_models(tmp_path / "models.yaml", backends, OLD)
     with running_server(tmp_path, gateway_config(models, {"chat": "main"}, reload_check_s=0.5)) as server:
         async with _client(server.url) as client:
@@ -122,7 +126,10 @@ async def test_weights_flip_under_load(tmp_path: Path, backends: dict[str, Scrip
             assert early == [] and len(progress) == len(streams), (
                 f"only {len(progress)} of {len(streams)} streams produced tokens within 30 s; ended:\n  {_bad(early)}")
 
-            write_models(models, backends, NEW)
+            if change == "weights":
+                write_models(models, backends, NEW)
+            else:
+                write_models(models, {"b": backends["b"]}, ONLY_B)
             written_at = time.monotonic()
             await asyncio.sleep(SETTLE_S)
             assert not any(s.done() for s in streams), "a stream ended before the 2 s after the write were over"
@@ -214,4 +221,58 @@ async def test_reload_by_post_and_sighup(tmp_path: Path, backends: dict[str, Scr
             assert refused.status_code == 400 and UNKNOWN in str(refused.json().get("detail")), (refused.status_code, refused.text)
             problem = _all_on(await _short_mix(client), "a")
             assert problem is None, "after an invalid file: " + problem
+
+            # Other broken files: refused with a 400 naming the problem, nothing changes.
+            broken = {
+                "yaml-syntax": "aliases: [main\n",
+                "negative-weight": None,
+                "empty": "",
+            }
+            for name, text in broken.items():
+                if text is None:
+                    write_models(models, backends, {"main": {"targets": targets(a=100, b=-1)}})
+                else:
+                    scratch = models.with_name("scratch.yaml")
+                    scratch.write_text(text)
+                    scratch.replace(models)
+                answer = await _reload(client)
+                print(f"[reload] {name}: POST -> {answer.status_code} {answer.text[:200]}")
+                assert answer.status_code == 400, (name, answer.status_code, answer.text)
+                assert isinstance(answer.json().get("detail"), str) and answer.json()["detail"], (name, answer.text)
+            models.unlink()
+            answer = await _reload(client)
+            print(f"[reload] file removed: POST -> {answer.status_code} {answer.text[:200]}")
+            assert answer.status_code == 400 and str(models) in str(answer.json().get("detail")), answer.text
+            problem = _all_on(await _short_mix(client), "a")
+            assert problem is None, "after the broken files: " + problem
+            assert server.process.poll() is None
+        _no_server_errors(server)
+
+
+async def test_admin_routes_need_an_admin_tenant(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    """With keys (no ``--dev``): no key is 401, a tenant without ``admin: true`` is 403 and
+    the registry stays; an admin tenant's reload is 200."""
+    models = write_models(tmp_path / "models.yaml", backends, OLD)
+    roomy = {"graphs": ["*"], "models": ["*"], "limits": {"requests_per_s": 1000, "burst": 1000, "max_concurrent_runs": 50}}
+    tenants = {"ops": {**roomy, "admin": True}, "acme": roomy}
+    config = {**gateway_config(models, {"chat": "main"}, reload_check_s=3600), "auth": {"tenants": tenants}}
+    config_file = tmp_path / "switchyard.yaml"
+    config_file.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), **config}))
+    keys = {tenant: create_key(config_file, tenant) for tenant in tenants}
+    with running_server(tmp_path, config, dev=False) as server:
+        write_models(models, backends, NEW)
+        async with _client(server.url) as anonymous:
+            assert (await _reload(anonymous)).status_code == 401
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, headers={"x-api-key": keys["acme"]}) as acme:
+            denied = await _reload(acme)
+            assert denied.status_code == 403 and isinstance(denied.json().get("detail"), str), (denied.status_code, denied.text)
+            assert (await acme.get("/admin/models")).status_code == 403
+            problem = _all_on(await _short_mix(acme), "a")
+            assert problem is None, "after a refused reload by a tenant that is not admin: " + problem
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, headers={"x-api-key": keys["ops"]}) as ops:
+            assert (await ops.get("/admin/models")).status_code == 200
+            allowed = await _reload(ops)
+            assert allowed.status_code == 200 and allowed.json().get("reloaded") is True, (allowed.status_code, allowed.text)
+            problem = _all_on(await _short_mix(ops), "b")
+            assert problem is None, "after an admin's reload: " + problem
         _no_server_errors(server)

@@ -75,9 +75,9 @@ def running_backends(tmp: Path, names: Sequence[str], *, delay_ms: float, tokens
 
 
 @contextmanager
-def running_server(tmp: Path, config: dict[str, Any]) -> Iterator[ServerHandle]:
-    """``switchyard serve --dev`` with ``config``, stopped on exit."""
-    handle = start_server(tmp, config)
+def running_server(tmp: Path, config: dict[str, Any], *, dev: bool = True) -> Iterator[ServerHandle]:
+    """``switchyard serve`` (``--dev`` unless told otherwise) with ``config``, stopped on exit."""
+    handle = start_server(tmp, config, dev=dev)
     try:
         yield handle
     finally:
