@@ -43,7 +43,7 @@ from gateway.balancer import key_point
 from gateway.registry import Timeouts
 from tests.fakes.openai_backend import free_port
 
-Mode = Literal["ok", "hang", "400", "429", "500", "drop", "break", "break_after_first"]
+Mode = Literal["ok", "hang", "400", "429", "500", "drop", "break", "break_after_first", "error_event"]
 
 
 class FaultyBackend:
@@ -126,6 +126,11 @@ class FaultyBackend:
             if mode == "break":
                 await writer.drain()
                 return  # headers, then the stream breaks before its first chunk
+            if mode == "error_event":  # vLLM's in-band error, before any chunk
+                data = b'data: {"error": {"message": "engine dead", "code": 500}}\n\n'
+                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
+                await writer.drain()
+                return
             for index, event in enumerate(self._events(body)):
                 data = f"data: {event}\n\n".encode()
                 writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -278,6 +283,50 @@ async def test_a_failure_before_the_first_chunk_moves_to_the_next_backend(
         assert b.connections == 1 and b.bodies[0]["model"] == "served-b"
         assert gw.breakers.states()["a"] == "closed"  # one failure of two
         assert gw.breakers.get("a", BREAKER).failures == 1
+    finally:
+        await gw.aclose()
+
+
+async def test_an_error_event_before_the_first_chunk_moves_to_the_next_backend(
+    gateway: ModelGateway, a: FaultyBackend, b: FaultyBackend
+) -> None:
+    a.mode = "error_event"
+    scope = RouteScope(key="t")
+    assert await _streamed(gateway, "main", scope) == b.answer
+    assert scope.retried == ["a"] and scope.served == ["b"]
+    assert gateway.breakers.get("a", BREAKER).failures == 1
+
+
+@pytest.mark.parametrize("call", CALLS)
+async def test_a_backend_that_does_not_answer_in_time_is_passed_over(
+    a: FaultyBackend, b: FaultyBackend, call: str
+) -> None:
+    slow = Backend(**{**a.backend().model_dump(), "timeouts": Timeouts(connect_s=2, read_s=0.3)})
+    gw = ModelGateway(_registry([slow, b.backend()], _aliases()))
+    a.mode = "hang"
+    try:
+        scope = RouteScope(key="t")
+        assert await CALLS[call](gw, "main", scope) == b.answer
+        assert scope.retried == ["a"] and scope.served == ["b"]
+        assert gw.breakers.get("a", BREAKER).failures == 1
+    finally:
+        a.gate.set()
+        await gw.aclose()
+
+
+async def test_least_loaded_sends_to_the_less_loaded_target(a: FaultyBackend, b: FaultyBackend) -> None:
+    gw = ModelGateway(_registry(
+        [a.backend(), b.backend()],
+        {"split": Alias(name="split", targets=_targets(a=1, b=1), balance="least_loaded")},
+    ))
+    try:
+        loads = {"a": 4.0, "b": 1.0}
+        gw.set_load_source(loads.get)
+        for i in range(6):
+            assert await _streamed(gw, "split", RouteScope(key=f"t{i}")) == b.answer
+        loads.update(a=0.0)
+        for i in range(6):
+            assert await _streamed(gw, "split", RouteScope(key=f"t{i}")) == a.answer
     finally:
         await gw.aclose()
 
