@@ -158,9 +158,15 @@ def _admin(principal: Any) -> None:
         raise ServingError(403, f"tenant {principal.tenant!r} may not use the admin routes (set admin: true on the tenant)")
 
 
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "Missing or invalid API key"},
+    403: {"description": "The tenant is not an admin (admin: true)"},
+}
+
+
 @router.post(
     "/models/reload",
-    responses={400: {"description": "The registry file is invalid; the running one stays"}, 403: {"description": "Not an admin tenant"}},
+    responses={400: {"description": "The registry file is invalid; the running one stays"}, **_AUTH_ERRORS},
 )
 async def reload_models(request: Request, principal: PrincipalDep) -> dict[str, Any]:
     """Reload the model registry file now; answers what is served afterwards."""
@@ -173,7 +179,7 @@ async def reload_models(request: Request, principal: PrincipalDep) -> dict[str, 
     return {"reloaded": True, **served}
 
 
-@router.get("/models", responses={403: {"description": "Not an admin tenant"}})
+@router.get("/models", responses=_AUTH_ERRORS)
 async def models_state(request: Request, principal: PrincipalDep) -> dict[str, Any]:
     """The served aliases and each backend's circuit breaker."""
     _admin(principal)
