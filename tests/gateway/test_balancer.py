@@ -128,6 +128,23 @@ def test_release_lets_another_probe_through(breakers: Breakers, clock: Clock) ->
     assert breaker.state == "closed"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug (minor): the breaker does not know which request holds the probe, so "
+    "`release()` from a request let through before the breaker opened (cancelled, or a 429, while "
+    "still waiting for its first token) frees the probe slot and a second probe goes out while the "
+    "first is in flight",
+)
+def test_only_the_probe_frees_the_probe_slot(breakers: Breakers, clock: Clock) -> None:
+    breaker = breakers.get("a", SETTINGS)
+    assert breaker.allow()  # a slow request, let through while closed, still waiting for its first token
+    _opened(breakers)  # meanwhile others fail and open the breaker
+    clock.advance(SETTINGS.cooldown_s)
+    assert breaker.allow()  # the probe
+    breaker.release()  # the slow request is cancelled
+    assert not breaker.allow()  # the probe is still out: no second probe
+
+
 def test_transitions_are_counted_per_backend_and_state(breakers: Breakers, clock: Clock) -> None:
     _opened(breakers, "a")
     _opened(breakers, "b")

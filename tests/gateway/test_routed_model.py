@@ -331,6 +331,24 @@ async def test_least_loaded_sends_to_the_less_loaded_target(a: FaultyBackend, b:
         await gw.aclose()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: `fallbacks: [b, b]` is accepted by the registry and attempt_order keeps "
+    "both, so one request contacts b twice and counts two failures against its breaker",
+)
+async def test_a_fallback_listed_twice_is_contacted_once(a: FaultyBackend, b: FaultyBackend) -> None:
+    gw = ModelGateway(_registry(
+        [a.backend(), b.backend()], {"main": Alias(name="main", targets=_targets(a=1), fallbacks=("b", "b"))}
+    ))
+    a.mode = b.mode = "500"
+    try:
+        with pytest.raises(BackendUnavailableError):
+            await _streamed(gw, "main", RouteScope(key="t"))
+        assert b.connections == 1
+    finally:
+        await gw.aclose()
+
+
 @pytest.mark.parametrize("call", CALLS)
 async def test_a_4xx_is_raised_not_retried(gateway: ModelGateway, a: FaultyBackend, b: FaultyBackend, call: str) -> None:
     a.mode = "400"
