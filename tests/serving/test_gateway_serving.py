@@ -123,6 +123,7 @@ def _main_models(path: Path, scripted: dict[str, ScriptedBackend], fake_url: str
         "pair": {"targets": [{"backend": "sa", "weight": 50}, {"backend": "sb", "weight": 50}]},
         "only-a": "sa",
         "only-b": "sb",
+        "dead-only": "dead",
         "dead-then-b": {"targets": [{"backend": "dead", "weight": 1}], "fallbacks": ["sb"]},
         "dead-or-b": {"targets": [{"backend": "dead", "weight": 50}, {"backend": "sb", "weight": 50}]},
         "f500-then-b": {"targets": [{"backend": "f500", "weight": 1}], "fallbacks": ["sb"]},
@@ -167,6 +168,9 @@ def main(
                 "chat": {"path": "graphs.chat:make_graph", "model": "pair"},
                 "chat-a": {"path": "graphs.chat:make_graph", "model": "only-a"},
                 "chat-small": {"path": "graphs.chat:make_graph", "model": "small"},
+                "chat-f500": {"path": "graphs.chat:make_graph", "model": "f500-then-b"},
+                "chat-dead": {"path": "graphs.chat:make_graph", "model": "dead-then-b"},
+                "chat-local": {"path": "graphs.chat:make_graph", "model": "local-then-b"},
             },
             "routing": ROUTING,
         },
@@ -375,6 +379,54 @@ def test_failure_before_first_token_is_passed_over(main: ServerHandle, alias: st
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_no_backend_left_is_503_not_a_200(main: ServerHandle, stream: bool) -> None:
+    """Nothing to pass over to: the client gets a JSON 503 naming what was tried, never a
+    200 stream that then fails."""
+    response, _ = _openai(main.url, _chat("dead-only", stream=stream))
+    assert response.status_code == 503, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert error["code"] == "backend_unavailable" and "dead" in error["message"], error
+
+
+@pytest.mark.parametrize("graph", ["chat-dead", "chat-f500"])
+def test_graph_runs_are_passed_over_too(main: ServerHandle, graph: str) -> None:
+    """A graph's routed chat model retries like a relay: both APIs answer from ``sb``."""
+    failing = "f500" if graph == "chat-f500" else "dead"
+    alias = "f500-then-b" if graph == "chat-f500" else "dead-then-b"
+    before = _metrics(main.url)
+    for stream in (False, True):
+        response, text = _openai(main.url, _chat(graph, stream=stream))
+        assert response.status_code == 200 and response.headers.get(BACKEND) == "sb", response.text
+        assert text.split() == [w.strip() for w in WORDS]
+    waited = httpx.post(main.url + "/runs/wait", json=_lg_body(graph), timeout=60)
+    assert waited.status_code == 200 and waited.headers.get(BACKEND) == "sb", waited.text
+    assert _ai_text(waited.json()).split() == [w.strip() for w in WORDS]
+    response, events = _lg_stream(main.url, "/runs/stream", _lg_body(graph, stream_mode=["values"]))
+    assert response.status_code == 200 and response.headers.get(BACKEND) == "sb", response.text
+    assert "error" not in [name for name, _ in events], events
+    labels = {"alias": alias, "backend": failing}
+    grown = sample(_metrics(main.url), "switchyard_gateway_retries_total", **labels) - sample(
+        before, "switchyard_gateway_retries_total", **labels)
+    assert grown == 4, grown
+
+
+def test_graph_run_backend_400_is_not_retried(main: ServerHandle) -> None:
+    """The graph's model call gets llama-server's 400: the run fails, ``sb`` never answers."""
+    long_prompt = "one two three four five six seven eight nine ten " * 600
+    before = _metrics(main.url)
+    response, _ = _openai(main.url, _chat("chat-local", long_prompt))
+    assert response.status_code == 400, response.text
+    assert "big-local" in response.json()["error"]["message"], response.text
+    waited = httpx.post(main.url + "/runs/wait", json=_lg_body("chat-local", long_prompt), timeout=60)
+    assert waited.status_code == 200 and "__error__" in waited.json(), waited.text
+    assert waited.headers.get(BACKEND) != "sb"
+    labels = {"alias": "local-then-b"}
+    assert sample(_metrics(main.url), "switchyard_gateway_retries_total", **labels) == sample(
+        before, "switchyard_gateway_retries_total", **labels)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_backend_400_is_not_retried(main: ServerHandle, stream: bool) -> None:
     """llama-server refuses a prompt past its slot's context with a 400: that is the
     request's fault, not the backend's, so the client sees it (no answer from ``sb``)."""
@@ -491,6 +543,25 @@ def test_models_list_auto_first_when_routes_exist(main: ServerHandle) -> None:
     ids = [m["id"] for m in httpx.get(main.url + "/v1/models", timeout=10).json()["data"]]
     assert ids[0] == "auto" and ids.count("auto") == 1, ids
     assert {"chat", "chat-a", "pair", "only-b"} <= set(ids)
+
+
+def test_reload_may_not_drop_a_routes_alias(main: ServerHandle) -> None:
+    """``only-b`` is called by no graph, only by the route ``special``: a registry without
+    it is refused (--dev is an admin), and the route still runs on ``sb``."""
+    models = Path(yaml.safe_load(main.config.read_text())["gateway"]["models_file"])
+    good = models.read_text()
+    try:
+        data = yaml.safe_load(good)
+        del data["aliases"]["only-b"]
+        models.write_text(yaml.safe_dump(data))
+        refused = httpx.post(main.url + "/admin/models/reload", timeout=10)
+        assert refused.status_code == 400, refused.text
+        assert "only-b" in refused.json()["detail"] and "special" in refused.json()["detail"], refused.json()
+        routed, _ = _openai(main.url, _chat("auto", metadata={"task_type": "special-task"}))
+        assert (routed.headers.get(ROUTE), routed.headers.get(BACKEND)) == ("special", "sb"), routed.text
+    finally:
+        models.write_text(good)
+        assert httpx.post(main.url + "/admin/models/reload", timeout=10).status_code == 200
 
 
 def test_route_to_unknown_graph_stops_the_server(tmp_path: Path, main: ServerHandle) -> None:
