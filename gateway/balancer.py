@@ -107,7 +107,8 @@ class Breaker:
             self._move("open", f"{self.failures} consecutive failures, the last: {why}")
 
     def release(self) -> None:
-        """The request ended without a verdict (cancelled): another may probe."""
+        """The probe ended without a verdict (cancelled, 429): another may probe.
+        Only the caller that took the probe may call this."""
         self._probing = False
 
 
@@ -224,7 +225,7 @@ def attempt_order(
                     chosen = next(t for t in peers if known[t.backend] == least)
         order.append(chosen.backend)
         left.remove(chosen)
-    order += [b for b in alias.fallbacks if b not in order]
+    order += [b for b in dict.fromkeys(alias.fallbacks) if b not in order]
     return order
 
 

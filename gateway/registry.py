@@ -313,6 +313,13 @@ class Alias(_Frozen):
             raise ValueError("every target has weight 0: at least one must take traffic")
         return value
 
+    @field_validator("fallbacks")
+    @classmethod
+    def _distinct_fallbacks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"a backend is listed twice: {', '.join(value)}")
+        return value
+
     @property
     def weighted(self) -> tuple[AliasTarget, ...]:
         """The targets that take traffic (weight > 0)."""
@@ -414,8 +421,10 @@ class ModelRegistry:
         return [self._backends[i] for i in self.alias(alias).backend_ids]
 
     def breaker_for(self, backend: Backend) -> BreakerSettings:
-        """The backend's own breaker thresholds, or the registry's."""
-        return backend.breaker or self.breaker
+        """The registry's breaker thresholds, with those the backend sets itself."""
+        if backend.breaker is None:
+            return self.breaker
+        return self.breaker.model_copy(update=backend.breaker.model_dump(exclude_unset=True))
 
     def managed_backends(self, aliases: Iterator[str] | None = None) -> list[Backend]:
         """Backends Switchyard launches itself (``llamacpp`` with a launch block) that the

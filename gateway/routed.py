@@ -22,10 +22,10 @@ from typing import Any
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import agenerate_from_stream
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
-from langchain_core.runnables.config import var_child_runnable_config
+from langchain_core.runnables.config import RunnableConfig, var_child_runnable_config
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field
@@ -40,9 +40,15 @@ ROUTE_SCOPE = "__switchyard_route_scope"
 keeps such keys out of checkpoint metadata)."""
 
 
-def current_scope() -> RouteScope | None:
-    """The routing of the run this call belongs to, from the LangChain run config."""
-    config = var_child_runnable_config.get() or {}
+_SCOPE_KWARG = "switchyard_route_scope"
+"""The call keyword that carries a scope taken from a direct call's own config."""
+
+
+def current_scope(config: RunnableConfig | None = None) -> RouteScope | None:
+    """The routing of the run this call belongs to: from ``config`` when given, else
+    from the LangChain run config of the graph node or chain making the call."""
+    if config is None:
+        config = var_child_runnable_config.get() or {}
     configurable = config.get("configurable") or {}
     scope = configurable.get(ROUTE_SCOPE)
     if isinstance(scope, RouteScope):
@@ -93,10 +99,11 @@ class RoutedChatModel(BaseChatModel):
         """Stream from the first backend that produces a first chunk; a failure before
         it is retried on the next backend, a failure after it is raised."""
 
+        scope = kwargs.pop(_SCOPE_KWARG, None) or current_scope()
+
         def start(backend: Backend) -> AsyncIterator[ChatGenerationChunk]:
             return self._backend_model(backend)._astream(messages, stop=stop, run_manager=run_manager, **kwargs)
 
-        scope = current_scope()
         alias = scope.aliases.get(self.alias, self.alias) if scope is not None else self.alias
         async for chunk in self.gateway.routed(alias, scope, _request(messages, kwargs), start):
             yield chunk
@@ -112,6 +119,25 @@ class RoutedChatModel(BaseChatModel):
         before the first token as `_astream`, and a cancelled call stops the backend's
         generation (a server stops generating when a streaming client goes away)."""
         return await agenerate_from_stream(self._astream(messages, stop=stop, run_manager=run_manager, **kwargs))
+
+    @staticmethod
+    def _scoped(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with the scope of a call's own ``config`` (a direct call outside a
+        graph, which LangChain does not make the current run config)."""
+        if config and (scope := current_scope(config)) is not None:
+            return {**kwargs, _SCOPE_KWARG: scope}
+        return kwargs
+
+    async def ainvoke(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
+    ) -> AIMessage:
+        return await super().ainvoke(input, config, stop=stop, **self._scoped(config, kwargs))
+
+    async def astream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
+    ) -> AsyncIterator[AIMessageChunk]:
+        async for chunk in super().astream(input, config, stop=stop, **self._scoped(config, kwargs)):
+            yield chunk
 
     def _generate(
         self,

@@ -271,19 +271,28 @@ class ModelGateway:
 
     # ---- calling backends -----------------------------------------------------------------
 
-    def _take(self, backend: Backend, alias: str, scope: RouteScope | None, tried: list[str]) -> bool:
+    def _take(self, backend: Backend, tried: list[str]) -> bool | None:
+        """Ask the backend's breaker: None (refused), True (this call is the half-open
+        probe), False (an ordinary call)."""
         breaker = self.breakers.get(backend.id, self.registry.breaker_for(backend))
         if breaker.allow():
-            return True
+            return breaker.state == "half_open"
         tried.append(f"{backend.id}: circuit open")
-        return False
+        return None
 
-    def _failed(self, backend: Backend, alias: str, exc: BaseException, scope: RouteScope | None, tried: list[str]) -> None:
+    def _release(self, backend: Backend, probe: bool) -> None:
+        """A call ended without a verdict on the backend (cancelled, 429)."""
+        if probe:
+            self.breakers.get(backend.id, self.registry.breaker_for(backend)).release()
+
+    def _failed(
+        self, backend: Backend, alias: str, exc: BaseException, scope: RouteScope | None, tried: list[str], probe: bool
+    ) -> None:
         breaker = self.breakers.get(backend.id, self.registry.breaker_for(backend))
         if _backend_fault(exc):
             breaker.failure(str(exc))
         else:
-            breaker.release()
+            self._release(backend, probe)
         self.retries[(alias, backend.id)] += 1
         if scope is not None:
             scope.retried.append(backend.id)
@@ -326,7 +335,8 @@ class ModelGateway:
         tried: list[str] = []
         last: BaseException | None = None
         for backend in backends:
-            if not self._take(backend, alias, scope, tried):
+            probe = self._take(backend, tried)
+            if probe is None:
                 continue
             stream = start(backend)
             try:
@@ -340,12 +350,12 @@ class ModelGateway:
                     if isinstance(exc, BackendResponseError):  # it answered: alive
                         self._succeeded(backend, alias, scope)
                     raise
-                self._failed(backend, alias, exc, scope, tried)
+                self._failed(backend, alias, exc, scope, tried, probe)
                 last = exc
                 continue
             except BaseException:
                 await stream.aclose()
-                self.breakers.get(backend.id, self.registry.breaker_for(backend)).release()
+                self._release(backend, probe)
                 raise
             self._succeeded(backend, alias, scope)
             async with aclosing(stream):
@@ -373,7 +383,8 @@ class ModelGateway:
         tried: list[str] = []
         last: BaseException | None = None
         for backend in backends:
-            if not self._take(backend, alias, scope, tried):
+            probe = self._take(backend, tried)
+            if probe is None:
                 continue
             try:
                 result = await call(backend)
@@ -382,11 +393,11 @@ class ModelGateway:
                     if isinstance(exc, BackendResponseError):
                         self._succeeded(backend, alias, scope)
                     raise
-                self._failed(backend, alias, exc, scope, tried)
+                self._failed(backend, alias, exc, scope, tried, probe)
                 last = exc
                 continue
             except BaseException:
-                self.breakers.get(backend.id, self.registry.breaker_for(backend)).release()
+                self._release(backend, probe)
                 raise
             self._succeeded(backend, alias, scope)
             return result

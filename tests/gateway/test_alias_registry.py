@@ -86,12 +86,6 @@ def test_sections_default_when_absent(tmp_path: Path) -> None:
     assert registry.breaker_for(registry.backends["a"]) == registry.breaker
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug (or an undocumented choice): a backend's `breaker:` that sets only "
-    "`failures` gets the built-in cooldown_s (10 s), not the registry's `breaker.cooldown_s`; "
-    "the spec says the backend's block overrides the registry's, field by field reads naturally",
-)
 def test_a_partial_backend_breaker_inherits_the_registry_fields_it_does_not_set(tmp_path: Path) -> None:
     backends = {**BACKENDS, "b": _backend(9002, breaker={"failures": 1})}
     registry = load_registry(_write(tmp_path, {"y": "b"}, backends=backends, breaker={"failures": 5, "cooldown_s": 2}))
