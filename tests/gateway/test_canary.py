@@ -44,6 +44,7 @@ CONCURRENCY = 20
 CANARY_SHARE = 0.10
 THREADS = 50
 RUNS_PER_THREAD = 4
+STATELESS_RUNS = 60
 ALIASES = {
     "canary": {"targets": targets(a=90, b=10)},
     "even": {"targets": targets(a=50, b=50)},
@@ -96,7 +97,8 @@ async def test_threads_never_change_backend(tmp_path: Path, backends: dict[str, 
     """50 threads × 4 runs (``runs/wait``): every run of a thread on the same backend, named
     alike by the header and the run's metadata. Half the threads use the 90/10 alias, half
     a 50/50 one, where both backends must get threads (a 90/10 split leaves the canary
-    without any of 25 threads 7% of the time; 50/50, 2 in 10 million)."""
+    without any of 25 threads 7% of the time; 50/50, 2 in 10 million). Then 60 stateless
+    runs (no thread: the request id is the key) on the 50/50 alias split within its 99% region."""
     models = write_models(tmp_path / "models.yaml", backends, ALIASES)
     with running_server(tmp_path, gateway_config(models, GRAPHS)) as server:
         async with _client(server.url) as client:
@@ -128,4 +130,14 @@ async def test_threads_never_change_backend(tmp_path: Path, backends: dict[str, 
         per_graph = {graph: Counter(runs[0].backend for g, runs in threads if g == graph) for graph in GRAPHS}
         print(f"\n[canary] threads per backend: {per_graph}")
         assert set(per_graph["chat-even"]) == {"a", "b"}, f"a 50/50 alias sent all 25 threads to one backend: {per_graph}"
+
+        # Stateless runs (no thread) hash their request id: a 50/50 alias spreads them.
+        async with _client(server.url) as client:
+            stateless = await gather_limited(CONCURRENCY, [
+                lambda: langgraph_wait(client, None, "chat-even", max_tokens=2) for _ in range(STATELESS_RUNS)])
+        assert all(a.ok and a.backend in ("a", "b") for a in stateless), _failures(stateless)
+        spread = Counter(a.backend for a in stateless)
+        low, high = acceptance_region(STATELESS_RUNS, 0.5, 0.99)
+        print(f"[canary] {STATELESS_RUNS} stateless runs on the 50/50 alias: {dict(spread)} (99% region {low}..{high})")
+        assert low <= spread["b"] <= high, f"stateless runs {dict(spread)}, outside the 99% region {low}..{high} for b"
         assert failed_requests(server.data_dir / "audit" / "audit.jsonl") == []

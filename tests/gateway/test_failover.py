@@ -290,3 +290,42 @@ async def test_death_before_the_first_token_is_invisible(tmp_path: Path) -> None
             metrics = httpx.get(server.url + "/metrics", timeout=5).text
             assert sample(metrics, "switchyard_gateway_retries_total", alias="main", backend="a") == len(answers)
             assert failed_requests(server.data_dir / "audit" / "audit.jsonl") == []
+
+
+async def test_clients_hanging_up_do_not_open_the_breaker(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    """Clients that walk away mid-stream (both APIs) or while waiting for the first token are
+    not the backend's fault: with a breaker that opens after 2 failures, 8 such hang-ups leave
+    ``a`` closed and serving."""
+    models = write_models(tmp_path / "models.yaml", backends, ALIASES, breaker={"failures": 2, "cooldown_s": 60})
+    with running_server(tmp_path, gateway_config(models, {"chat": "main"})) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=httpx.Timeout(30, connect=5)) as client:
+
+            async def hang_up(path: str, body: dict[str, object], after_lines: int) -> None:
+                async with client.stream("POST", path, json=body) as response:
+                    assert response.status_code == 200
+                    seen = 0
+                    async for _ in response.aiter_lines():
+                        seen += 1
+                        if seen >= after_lines:
+                            break  # leaving the block closes the connection
+
+            openai_body = {"model": "main", "stream": True, "max_tokens": LONG, "messages": [{"role": "user", "content": "go"}]}
+            for after_lines in (1, 10, 1, 10):
+                await hang_up("/v1/chat/completions", openai_body, after_lines)
+                thread_id = await new_thread(client)
+                await hang_up(f"/threads/{thread_id}/runs/stream", {
+                    "assistant_id": "chat", "input": {"messages": [{"role": "user", "content": "go"}]},
+                    "stream_mode": ["messages-tuple"], "context": {"model_params": {"max_tokens": LONG}}}, after_lines)
+            for _ in range(30):  # the server notices each hang-up on its own time
+                if sample(httpx.get(server.url + "/metrics", timeout=5).text, "switchyard_runs_in_flight") == 0:
+                    break
+                await asyncio.sleep(0.2)
+            after = [await openai_complete(client, "main", max_tokens=2) for _ in range(3)]
+        metrics = httpx.get(server.url + "/metrics", timeout=5).text
+        opened = sample(metrics, "switchyard_backend_breaker_transitions_total", backend="a", state="open")
+        state = sample(metrics, "switchyard_backend_breaker_state", backend="a")
+        outcomes = {o: sample(metrics, "switchyard_runs_total", backend="a", outcome=o) for o in ("ok", "error", "cancelled")}
+        print(f"\n[failover] after 8 hang-ups: a's breaker opened {opened} times, state {state}; runs on a {outcomes}")
+        assert opened == 0 and state == 0, f"client hang-ups opened a's breaker (opened {opened}, state {state})"
+        assert all(a.ok and a.backend == "a" for a in after), _bad(after)
+        assert failed_requests(server.data_dir / "audit" / "audit.jsonl") == []
