@@ -343,6 +343,8 @@ def test_runs_total_is_labelled_by_backend(main: ServerHandle) -> None:
         counts[expected] += 1
         response, _ = _openai(main.url, _chat("pair", stream=True), request_id)  # time to first token: streams
         assert response.headers.get(BACKEND) == expected
+        response, _ = _openai(main.url, _chat("chat"), request_id)
+        assert response.headers.get(BACKEND) == expected
         response = httpx.post(main.url + "/runs/wait", json=_lg_body("chat"), headers={"x-request-id": request_id}, timeout=60)
         assert response.headers.get(BACKEND) == expected
     after = _metrics(main.url)
@@ -350,7 +352,7 @@ def test_runs_total_is_labelled_by_backend(main: ServerHandle) -> None:
         labels = {"kind": "alias", "backend": backend}
         name = "switchyard_time_to_first_token_seconds_count"
         assert sample(after, name, **labels) - sample(before, name, **labels) == count, labels
-        for kind, target in (("alias", "pair"), ("langgraph", "chat")):
+        for kind, target in (("alias", "pair"), ("graph", "chat"), ("langgraph", "chat")):
             labels = {"kind": kind, "target": target, "outcome": "ok", "backend": backend}
             grown = sample(after, "switchyard_runs_total", **labels) - sample(before, "switchyard_runs_total", **labels)
             assert grown == count, (labels, grown)
