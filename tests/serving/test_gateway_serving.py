@@ -464,6 +464,12 @@ def test_tools_go_only_to_the_backend_that_has_them(main: ServerHandle, stream: 
     refused, _ = _openai(main.url, _chat("only-a", stream=stream, tools=TOOLS))
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "tools"
+    # Neither scripted backend declares json_schema; the tiny ones do.
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+    no_schema, _ = _openai(main.url, _chat("pair", stream=stream, response_format=schema))
+    assert no_schema.status_code == 400 and no_schema.json()["error"]["param"] == "response_format", no_schema.text
+    with_schema, _ = _openai(main.url, _chat("small", "hi", stream=stream, response_format=schema))
+    assert with_schema.status_code == 200 and with_schema.headers.get(BACKEND) in ("tiny-a", "tiny-b"), with_schema.text
 
 
 def _tiny_calls() -> int:
