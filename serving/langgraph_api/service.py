@@ -1157,6 +1157,13 @@ class LangGraphService:
             messages = run_messages(body.input["messages"], param="input.messages")
             self._checks.messages(messages, principal, param="input.messages")
             graph_input = {**body.input, "messages": messages}
+            try:
+                # The new messages alone past every context window: refused before the run.
+                self._checks.graph(entry.graph_id, principal, model_params, messages)
+            except CapabilityError as exc:
+                raise CapabilityError(
+                    exc.backend_id, exc.capability, f"input.{exc.param}", str(exc), needed=exc.needed
+                ) from None
         if body.command is not None:
             graph_input = self._command(entry, body.command, principal)
         return _Prepared(graph_input=graph_input, model_params=model_params, collection=collection)

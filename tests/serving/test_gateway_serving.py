@@ -501,12 +501,6 @@ def test_prompt_past_every_context_window_is_400_before_any_call(main: ServerHan
     assert _tiny_calls() == calls + 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product gap: the LangGraph API checks only model_params against the context window before a run "
-    "(serving/langgraph_api/service.py `_prepare` calls `RunChecks.graph` without the input messages), so a "
-    "prompt past every window starts the run and fails in-band (200 with __error__ UnsupportedCapability)",
-)
 def test_langgraph_prompt_past_every_context_window_is_400(main: ServerHandle) -> None:
     calls = _tiny_calls()
     lg = httpx.post(main.url + "/runs/wait", json=_lg_body("chat-small", "word " * 200), timeout=30)
