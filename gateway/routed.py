@@ -63,6 +63,16 @@ def _request(messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -> dict[st
     return {**kwargs, "messages": messages}
 
 
+def _is_token(chunk: ChatGenerationChunk) -> bool:
+    """Whether a chunk carries part of the answer, not just the opening role."""
+    message = chunk.message
+    if message.content or (chunk.generation_info or {}).get("finish_reason"):
+        return True
+    if isinstance(message, AIMessageChunk) and (message.tool_call_chunks or message.usage_metadata):
+        return True
+    return bool(message.additional_kwargs or message.response_metadata.get("finish_reason"))
+
+
 class RoutedChatModel(BaseChatModel):
     """A chat model for an alias whose backend is chosen by the gateway at each call.
 
@@ -105,7 +115,7 @@ class RoutedChatModel(BaseChatModel):
             return self._backend_model(backend)._astream(messages, stop=stop, run_manager=run_manager, **kwargs)
 
         alias = scope.aliases.get(self.alias, self.alias) if scope is not None else self.alias
-        async for chunk in self.gateway.routed(alias, scope, _request(messages, kwargs), start):
+        async for chunk in self.gateway.routed(alias, scope, _request(messages, kwargs), start, _is_token):
             yield chunk
 
     async def _agenerate(

@@ -56,6 +56,20 @@ def estimate_prompt_tokens(request: Mapping[str, Any]) -> int:
     return total // 4
 
 
+def _is_token_chunk(chunk: Mapping[str, Any]) -> bool:
+    """Whether a relayed chunk carries part of the answer (text, reasoning, a tool
+    call, a finish reason, usage), not just the opening role."""
+    if chunk.get("usage"):
+        return True
+    for choice in chunk.get("choices") or ():
+        if choice.get("finish_reason"):
+            return True
+        delta = choice.get("delta") or {}
+        if any(delta.get(field) for field in ("content", "tool_calls", "reasoning_content", "reasoning", "refusal")):
+            return True
+    return False
+
+
 def _retryable(exc: BaseException) -> bool:
     """A failure another backend may not have: unreachable, timed out, 5xx, overloaded."""
     if isinstance(exc, BackendUnavailableError):
@@ -318,13 +332,17 @@ class ModelGateway:
         scope: RouteScope | None,
         request: Mapping[str, Any],
         start: Callable[[Backend], AsyncIterator[T]],
+        is_token: Callable[[T], bool] = lambda item: True,
     ) -> AsyncIterator[T]:
-        """The items of ``start(backend)`` for the first backend that yields one.
+        """The items of ``start(backend)`` for the first backend that produces a token.
 
         Backends are tried in `attempts` order, skipping open breakers; a retryable
-        failure before the first item (unreachable, timeout, 5xx, 429) moves on to the
-        next. After the first item the stream is the client's: a failure then is
-        raised (and counted against the backend), never continued elsewhere.
+        failure before the first token (unreachable, timeout, 5xx, 429, a stream broken
+        after only its opening role chunk) moves on to the next, dropping what that
+        backend sent. Items before the first token (``is_token`` false: the role
+        chunk servers send while they prefill) are held back until it comes. From the
+        first token on the stream is the client's: a failure then is raised (and
+        counted against the backend), never continued elsewhere.
 
         Raises:
             UnknownModelError, CapabilityError: before any backend is called.
@@ -339,10 +357,14 @@ class ModelGateway:
             if probe is None:
                 continue
             stream = start(backend)
+            held: list[T] = []
             try:
-                first = await anext(stream)
+                while not held or not is_token(held[-1]):
+                    held.append(await anext(stream))
             except StopAsyncIteration:
                 self._succeeded(backend, alias, scope)
+                for item in held:
+                    yield item
                 return
             except GatewayError as exc:
                 await stream.aclose()
@@ -359,7 +381,8 @@ class ModelGateway:
                 raise
             self._succeeded(backend, alias, scope)
             async with aclosing(stream):
-                yield first
+                for item in held:
+                    yield item
                 try:
                     async for item in stream:
                         yield item
@@ -499,7 +522,7 @@ class ModelGateway:
                 async for chunk in chunks:
                     yield chunk
 
-        async with aclosing(self.routed(alias, scope, request, start)) as chunks:
+        async with aclosing(self.routed(alias, scope, request, start, _is_token_chunk)) as chunks:
             async for chunk in chunks:
                 chunk["model"] = alias
                 yield chunk

@@ -256,10 +256,6 @@ async def test_failure_before_first_token_is_retried(tmp_path: Path, backends: d
         assert failed_requests(server.data_dir / "audit" / "audit.jsonl", allowed=frozenset({503})) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core: GatewayRouter.routed commits to a backend on its first stream item, the role chunk "
-    "with empty content the backend sends before any token, so a backend that dies in prefill "
-    "gives the client an error event with no token instead of the fallback's answer"))
 async def test_death_before_the_first_token_is_invisible(tmp_path: Path) -> None:
     """``a`` takes 3 s to its first token (a long prefill); it is killed 1 s into 12 requests
     (streamed and not, both APIs): each is answered whole by the fallback ``b``, named in
