@@ -402,29 +402,14 @@ class ModelGateway:
     ) -> T:
         """``call(backend)`` for the first backend that answers; the same order,
         breakers and retries as `routed`, for whole (non-streamed) answers."""
-        backends = self.attempts(alias, scope.key if scope else None, request)
-        tried: list[str] = []
-        last: BaseException | None = None
-        for backend in backends:
-            probe = self._take(backend, tried)
-            if probe is None:
-                continue
-            try:
-                result = await call(backend)
-            except GatewayError as exc:
-                if not _retryable(exc):
-                    if isinstance(exc, BackendResponseError):
-                        self._succeeded(backend, alias, scope)
-                    raise
-                self._failed(backend, alias, exc, scope, tried, probe)
-                last = exc
-                continue
-            except BaseException:
-                self._release(backend, probe)
-                raise
-            self._succeeded(backend, alias, scope)
-            return result
-        raise self._exhausted(alias, backends, tried, last)
+
+        async def start(backend: Backend) -> AsyncIterator[T]:
+            yield await call(backend)
+
+        async with aclosing(self.routed(alias, scope, request, start)) as answers:
+            async for answer in answers:
+                return answer
+        raise AssertionError("routed() ends with an answer or an error")  # pragma: no cover
 
     # ---- alias relays ---------------------------------------------------------------------
 
