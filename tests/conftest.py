@@ -70,8 +70,10 @@ def write_models_file(path: Path, local: Backend | None, fake_url: str, *, chat_
     source = yaml.safe_load((REPO / "config/models.yaml").read_text())
     backends: dict[str, object] = {
         "fake-ok": _fake(fake_url, "fake-ok"),
-        "fake-break": _fake(fake_url, "fake-break"),
-        "fake-500": _fake(fake_url, "fake-500"),
+        "fake-break": {**_fake(fake_url, "fake-break"), "breaker": {"failures": 1000}},
+        # Failing on purpose for every request: their breakers never open here, so each
+        # failure keeps its own status (breakers are tested in tests/gateway).
+        "fake-500": {**_fake(fake_url, "fake-500"), "breaker": {"failures": 1000}},
         "down": {**_fake(f"http://127.0.0.1:{free_port()}/v1", "nothing"), "timeouts": {"connect_s": 1, "read_s": 2}},
         "fake-plain": {**_fake(fake_url, "fake-ok"), "capabilities": {"context_window": 1024}},
     }

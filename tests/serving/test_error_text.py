@@ -181,7 +181,7 @@ def test_an_unexpected_error_in_langgraph_wait_and_background_runs(failing_serve
 def test_a_known_error_keeps_its_message(failing_server: ServerHandle) -> None:
     body = {"assistant_id": "chat-failing", "input": {"messages": HI}}
     raw, events, _ = _events(failing_server, "/runs/stream", body, "lg-known")
-    message = "model backend 'fake-500' answered 500: Error code: 500 - scripted failure"
+    message = "model backend 'fake-500' answered 500: scripted failure"
     assert events[-1] == ("error", {"error": "BackendError", "message": message})
 
 

@@ -146,13 +146,22 @@ def test_capability_contract_refuses_over_http(server: ServerHandle) -> None:
 
 @pytest.mark.parametrize("model", ["chat", "chat-default"])
 def test_backend_refusal_is_a_400(server: ServerHandle, model: str) -> None:
-    # Longer than the 2048 tokens a llama.cpp slot holds: the backend itself refuses.
+    # About 3,000 tokens (SmolLM2 reads "7 " as one token a byte) in 3,000 bytes, which
+    # the gateway's estimate (bytes / 4, an undercount) lets through: longer than the
+    # 2048 tokens a llama.cpp slot holds, so the backend itself refuses.
+    dense = [{"role": "user", "content": "7 " * 1500}]
+    # 19,000 bytes: past the window by the gateway's own estimate, refused before any call.
     long = [{"role": "user", "content": "lorem ipsum dolor sit amet " * 700}]
     for stream in (False, True):
-        response = _post(server, {"model": model, "messages": long, "max_tokens": 8, "stream": stream})
+        response = _post(server, {"model": model, "messages": dense, "max_tokens": 8, "stream": stream})
         assert response.status_code == 400, response.text
         error = _error(response)
         assert error["code"] == "backend_rejected" and "'local'" in str(error["message"])
+        response = _post(server, {"model": model, "messages": long, "max_tokens": 8, "stream": stream})
+        assert response.status_code == 400, response.text
+        error = _error(response)
+        assert error["code"] == "unsupported_capability" and error["param"] == "messages", error
+        assert "2048 tokens" in str(error["message"]), error
 
 
 def test_unsafe_request_id_is_replaced(server: ServerHandle) -> None:
