@@ -184,7 +184,9 @@ class ModelGateway:
 
     # ---- choosing backends ---------------------------------------------------------------
 
-    def attempts(self, alias: str, key: str | None, request: Mapping[str, Any]) -> list[Backend]:
+    def attempts(
+        self, alias: str, key: str | None, request: Mapping[str, Any], *, pinned: str | None = None
+    ) -> list[Backend]:
         """The backends to try for one request, in order (breakers not yet asked).
 
         Args:
@@ -192,13 +194,22 @@ class ModelGateway:
             key: the sticky key (thread or request id), None for a random choice.
             request: OpenAI chat fields the contract is checked against (``tools``,
                 ``response_format``, ``max_tokens``, ``messages``).
+            pinned: the backend that already served this run; tried first while the
+                alias still lists it (a target of any weight, or a fallback), so a run
+                in flight finishes where it started across reloads, weight changes and
+                a target coming back after a fallback.
 
         Raises:
             UnknownModelError: not a registered alias.
             CapabilityError: no backend of the alias can serve the request.
         """
         registry = self.registry
-        order = attempt_order(registry.alias(alias), key, load=self._load)
+        entry = registry.alias(alias)
+        order = attempt_order(entry, key, load=self._load)
+        if pinned is not None and order[0] != pinned and (
+            pinned in entry.fallbacks or any(t.backend == pinned for t in entry.targets)
+        ):
+            order = [pinned, *(b for b in order if b != pinned)]
         refusals: dict[str, CapabilityError] = {}
 
         def refusal(backend: Backend) -> str | None:
@@ -349,7 +360,9 @@ class ModelGateway:
             BackendUnavailableError: every backend failed or is open (naming each).
             BackendResponseError: a backend refused the request itself (4xx).
         """
-        backends = self.attempts(alias, scope.key if scope else None, request)
+        backends = self.attempts(
+            alias, scope.key if scope else None, request, pinned=scope.backend if scope else None
+        )
         tried: list[str] = []
         last: BaseException | None = None
         for backend in backends:
