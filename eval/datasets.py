@@ -294,7 +294,8 @@ def _corpus_files(corpus: Path) -> list[tuple[str, Path]]:
     found = []
     for path in corpus.rglob("*"):
         relative = path.relative_to(corpus)
-        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+        # Like ingestion: hidden files and folders, and symbolic links, are not read.
+        if any(part.startswith(".") for part in relative.parts) or path.is_symlink() or not path.is_file():
             continue
         found.append((relative.as_posix(), path))
     return sorted(found)
@@ -343,7 +344,8 @@ def load_suite(name_or_path: str | Path, *, root: Path | None = None) -> Suite:
     its ``suite.yaml``).
 
     Args:
-        name_or_path: ``rag``, or ``path/to/suite``, or ``path/to/suite/suite.yaml``.
+        name_or_path: a shipped suite's name (``rag``), or ``path/to/suite``, or
+            ``path/to/suite/suite.yaml``.
         root: what a relative ``corpus`` is resolved against; the repository root by
             default.
 
@@ -352,12 +354,13 @@ def load_suite(name_or_path: str | Path, *, root: Path | None = None) -> Suite:
             or its corpus does not exist.
     """
     given = Path(name_or_path)
-    if given.is_file() and given.name == SUITE_FILE:
+    # A bare name is a shipped suite, whatever the working directory holds.
+    if isinstance(name_or_path, str) and _SUITE_NAME.match(name_or_path) and (DATASETS_DIR / name_or_path / SUITE_FILE).is_file():
+        directory = DATASETS_DIR / name_or_path
+    elif given.is_file() and given.name == SUITE_FILE:
         directory = given.parent
     elif given.is_dir():
         directory = given
-    elif isinstance(name_or_path, str) and _SUITE_NAME.match(name_or_path) and (DATASETS_DIR / name_or_path).is_dir():
-        directory = DATASETS_DIR / name_or_path
     else:
         known = ", ".join(list_suites()) or "none"
         raise DatasetError([DatasetProblem(str(name_or_path), None, None, f"no such suite (shipped suites: {known})")])

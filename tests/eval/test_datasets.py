@@ -306,3 +306,12 @@ def test_an_unknown_suite_names_the_shipped_ones(tmp_path: Path) -> None:
     with pytest.raises(DatasetError) as error:
         load_suite("nonesuch")
     assert problems(error) == ["nonesuch: no such suite (shipped suites: agent, chat, rag)"]
+
+
+def test_a_bare_name_is_the_shipped_suite_whatever_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "rag").mkdir()
+    write(tmp_path / "rag" / "suite.yaml", "name: other", "graph: chat")
+    write(tmp_path / "rag" / "cases.jsonl", '{"id": "a", "input": "Q"}')
+    monkeypatch.chdir(tmp_path)
+    assert load_suite("rag").directory == DATASETS_DIR / "rag"
+    assert load_suite("./rag").name == "other"
