@@ -1,7 +1,8 @@
 """The ``switchyard`` command: the CLI's composition root.
 
 Sub-commands live next to the package they drive (``gateway/cli.py``: ``backend``;
-``graphs/cli.py``: ``graphs``, ``ask``; ``knowledge/cli.py``: ``ingest``, ``search``) and get their settings and clients from the
+``graphs/cli.py``: ``graphs``, ``ask``; ``knowledge/cli.py``: ``ingest``, ``search``;
+``eval/cli.py``: ``eval``) and get their settings and clients from the
 `CliEnv` object put in the Typer context here.
 """
 
@@ -21,6 +22,7 @@ from typing import Annotated, Any
 import typer
 import uvicorn
 
+from eval.cli import eval_app
 from gateway import GatewayError, GatewaySettings, ModelGateway, load_registry
 from gateway.cli import backend_app
 from gateway.local import start_backend, stop_backend
@@ -324,6 +326,7 @@ app.add_typer(audit_app, name="audit")
 app.add_typer(keys_app, name="keys")
 app.add_typer(backend_app, name="backend")
 app.add_typer(graphs_app, name="graphs")
+app.add_typer(eval_app, name="eval")
 app.command("ask")(ask)
 app.command("ingest")(ingest)
 app.command("search")(search)
