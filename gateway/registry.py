@@ -38,6 +38,7 @@ from gateway.errors import GatewayError, RegistryError, UnknownModelError
 
 __all__ = [
     "Alias",
+    "AliasSla",
     "AliasTarget",
     "Backend",
     "BreakerSettings",
@@ -284,6 +285,16 @@ class AliasTarget(_Frozen):
     """The target's share is its weight over the sum of the alias's weights; 0 drains it."""
 
 
+class AliasSla(_Frozen):
+    """An alias's latency promise (what ``switchyard eval`` checks each case against); a
+    bound left unset is not checked."""
+
+    ttft_s: float | None = Field(default=None, gt=0)
+    """Longest acceptable time to the first token, in seconds."""
+    total_s: float | None = Field(default=None, gt=0)
+    """Longest acceptable time to the last token, in seconds."""
+
+
 class Alias(_Frozen):
     """A model name clients and graphs use, and where its traffic goes.
 
@@ -302,6 +313,8 @@ class Alias(_Frozen):
     """``least_loaded``: among targets of equal weight, the one with the fewest running
     and waiting requests in its last ``/metrics`` scrape (vLLM backends) takes the
     request; the sticky choice holds only when loads are equal or unknown."""
+    sla: AliasSla | None = None
+    """Latency promised for the alias (time to first token, total); checked by eval runs."""
 
     @field_validator("targets")
     @classmethod
@@ -386,6 +399,18 @@ class ModelRegistry:
     @property
     def backends(self) -> Mapping[str, Backend]:
         return self._backends
+
+    def with_aliases(self, aliases: Mapping[str, Alias | str]) -> ModelRegistry:
+        """A new registry with the same backends and settings, and ``aliases`` added or
+        replacing those of the same name (promotions, an eval's pinned candidate).
+
+        Raises:
+            ValueError: an alias names an unknown backend.
+        """
+        merged: dict[str, Alias | str] = {**self._aliases}
+        for name, alias in aliases.items():
+            merged[name] = alias.model_copy(update={"name": name}) if isinstance(alias, Alias) else alias
+        return ModelRegistry(self._backends, merged, breaker=self.breaker, scrape=self.scrape)
 
     @property
     def aliases(self) -> Mapping[str, Alias]:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from eval.settings import EvalSettings
 from gateway import GatewaySettings
 from graphs import GraphSpec
 from knowledge import KnowledgeSettings
@@ -225,6 +226,13 @@ class Settings(BaseSettings):
     audit: AuditSettings = AuditSettings()
     """The audit log's HMAC key (kept outside the data directory) and how often its
     head is logged."""
+    eval: EvalSettings = EvalSettings()
+    """The eval runs' judge, seed, gate thresholds, run files and promotion suites."""
+
+    @property
+    def eval_runs_dir(self) -> Path:
+        """Where promotion keeps run files and reports."""
+        return self.eval.runs_dir or self.data_dir / "eval"
 
     @property
     def audit_path(self) -> Path:
