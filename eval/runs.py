@@ -6,7 +6,12 @@ A JSON object (``format: 1``)::
     {"format": 1, "suite": "rag", "dataset_hash": "sha256:...", "model": "default",
      "backend": "local-llamacpp", "started_at": "2026-12-02T00:00:00Z", "judge": null,
      "cases": [{"case_id": "en-harbor-neap", "values": {"mrr": 1.0}, "errors": {}}],
-     "timings": {"total_s": 12.5}}
+     "timings": {"total_s": 12.5},
+     "outputs": {"en-harbor-neap": {"answer": "...", "ttft_s": 0.4, "backend": "local"}},
+     "versions": {"switchyard": "0.1.0", "model": "default", "backend": "local (smollm2)"}}
+
+``outputs`` and ``versions`` are optional: files without them (written before they
+existed) still load.
 
 ``cases`` are :class:`eval.metrics.CaseScore` records, one per case id (no repeats).
 """
@@ -54,7 +59,14 @@ class RunFile(BaseModel):
     cases: list[CaseScore]
     """Per-case scores, one per case id."""
     timings: dict[str, Any] | None = None
-    """Free-form timings of the run (seconds)."""
+    """Free-form timings of the run (seconds): ``total_s``, and per case ``ttft_s`` and
+    ``case_total_s`` as ``{mean, p50, p95}`` (``eval.run``)."""
+    outputs: dict[str, dict[str, Any]] | None = None
+    """Case id -> what its run produced: ``answer`` (the first 2000 characters),
+    ``ttft_s``, ``total_s``, ``backend``, ``error``, ``retrieved_ids``, ``tool_calls``.
+    Absent from files written before it existed."""
+    versions: dict[str, str] | None = None
+    """``switchyard``, ``model`` and ``backend`` versions, as far as they are known."""
 
     @field_validator("cases")
     @classmethod
