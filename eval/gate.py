@@ -12,7 +12,14 @@ Verdict per metric (all metrics are "higher is better"):
 - ``regressed`` when the candidate's mean is under the metric's ``floor``, or when the drop
   (``-delta``) is larger than ``max_drop`` *and* the interval's upper bound is below zero
   (the drop is outside the noise: a re-run of the baseline passes);
-- ``not_evaluable`` when no paired case has the metric;
+- ``regressed`` also when the candidate could not be scored (a failed run, a judge error) on
+  more of the cases than the baseline, by a share larger than ``max_drop``: an unscored case
+  is not averaged in, so this is what stops a candidate that fails half its requests;
+- ``not_applicable`` when no paired case has the metric and neither run has an error on it
+  (a chat suite has no ``expected_sources``: its runs have no ``recall_at_k``); it does not
+  block and does not stop the gate, so one thresholds file serves every suite;
+- ``not_evaluable`` when no paired case has a value in both runs but some have errors (the
+  candidate could not be scored: a dead backend, a judge that never answered);
 - ``ok`` otherwise.
 
 Exit codes (:attr:`GateResult.exit_code`): 0 pass, 1 a metric regressed, 2 could not
@@ -49,7 +56,7 @@ __all__ = [
 DEFAULT_THRESHOLDS = Path(__file__).with_name("thresholds.yaml")
 """The thresholds shipped with Switchyard."""
 
-Verdict = Literal["ok", "regressed", "not_evaluable"]
+Verdict = Literal["ok", "regressed", "not_evaluable", "not_applicable"]
 
 # Float sums of identical runs may differ in the last bits.
 _EPSILON = 1e-9
@@ -232,8 +239,32 @@ def _judge(
     both = [(b.value(metric), c.value(metric)) for b, c in pairs]
     values = [(b, c) for b, c in both if b is not None and c is not None]
     common = {"metric": metric, "threshold": threshold, "baseline_errors": base_errors, "candidate_errors": cand_errors}
+    applicable = sum(
+        1 for b, c in pairs
+        if metric in b.errors or metric in c.errors or b.value(metric) is not None or c.value(metric) is not None
+    )
+    extra_errors = cand_errors - base_errors
+    if applicable and extra_errors / applicable > threshold.max_drop + _EPSILON:
+        # An unscored case is not averaged in, so without this a candidate failing half
+        # its requests would be judged on the half that worked.
+        return MetricVerdict(
+            verdict="regressed",
+            reason=f"the candidate could not be scored on {cand_errors} of {applicable} cases "
+            f"(baseline: {base_errors}); {extra_errors / applicable:.3f} more > max_drop {threshold.max_drop:.3f}",
+            cases=len(values),
+            baseline=float(np.mean([b for b, _ in values])) if values else None,
+            candidate=float(np.mean([c for _, c in values])) if values else None,
+            **common,
+        )
     if not values:
-        return MetricVerdict(verdict="not_evaluable", reason="no case has this metric in both runs", cases=0, **common)
+        if not base_errors and not cand_errors and not any(b.value(metric) is not None or c.value(metric) is not None for b, c in pairs):
+            return MetricVerdict(verdict="not_applicable", reason="no case of these runs has this metric", cases=0, **common)
+        return MetricVerdict(
+            verdict="not_evaluable",
+            reason=f"no case has this metric in both runs (errors: baseline {base_errors}, candidate {cand_errors})",
+            cases=0,
+            **common,
+        )
     base = np.array([b for b, _ in values], dtype=float)
     cand = np.array([c for _, c in values], dtype=float)
     diffs = cand - base

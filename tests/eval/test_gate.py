@@ -196,13 +196,31 @@ def test_missing_metrics_and_cases() -> None:
     candidate["new-case"] = CaseScore(case_id="new-case", values={FACTS_CONTAINED: 0.0})
     result = compare(baseline, candidate, thresholds)
     verdicts = {m.metric: m.verdict for m in result.metrics}
-    assert verdicts == {FACTS_CONTAINED: "ok", TOOLS_MATCH: "not_evaluable"}
-    assert result.exit_code == 2
+    # Neither run measures tools_match (a chat suite): not applicable, not blocking.
+    assert verdicts == {FACTS_CONTAINED: "ok", TOOLS_MATCH: "not_applicable"}
+    assert result.exit_code == 0
     assert result.missing_in_candidate == (f"case-{CASES - 2}", f"case-{CASES - 1}")
     assert result.missing_in_baseline == ("new-case",)
     assert result.untracked == ("faithfulness",)
+    # The baseline scored tools_match and the candidate could not on a third of the cases: a
+    # candidate that fails requests is blocked, not judged on the requests that worked.
+    scored = _uniform({FACTS_CONTAINED: 1.0, TOOLS_MATCH: 1.0})
+    down = CaseScore(case_id="x", values={FACTS_CONTAINED: None, TOOLS_MATCH: None},
+                     errors={FACTS_CONTAINED: "backend down", TOOLS_MATCH: "backend down"})
+    partly = {case: (down.model_copy(update={"case_id": case}) if i % 3 == 0 else score) for i, (case, score) in enumerate(scored.items())}
+    result = compare(scored, partly, thresholds)
+    verdicts = {m.metric: m for m in result.metrics}
+    assert verdicts[TOOLS_MATCH].verdict == "regressed" and "could not be scored" in verdicts[TOOLS_MATCH].reason
+    assert verdicts[TOOLS_MATCH].candidate == 1.0  # the cases that worked were perfect
+    assert result.exit_code == 1
+    # Neither run could be scored on it (a judge that never answered): could not evaluate.
+    both_down = {case: down.model_copy(update={"case_id": case, "values": {FACTS_CONTAINED: 1.0, TOOLS_MATCH: None},
+                                               "errors": {TOOLS_MATCH: "judge down"}}) for case in scored}
+    result = compare(both_down, both_down, thresholds)
+    assert {m.metric: m.verdict for m in result.metrics}[TOOLS_MATCH] == "not_evaluable"
+    assert result.exit_code == 2
     report = render_markdown(result)
-    assert "COULD NOT EVALUATE" in report and "not_evaluable" in report and "new-case" in report
+    assert "COULD NOT EVALUATE" in report and "not_evaluable" in report
     # A regression outranks what could not be evaluated.
     worse = _uniform({FACTS_CONTAINED: 0.1})
     assert compare(baseline, worse, thresholds).exit_code == 1
