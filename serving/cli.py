@@ -8,6 +8,7 @@ Sub-commands live next to the package they drive (``gateway/cli.py``: ``backend`
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
@@ -22,19 +23,23 @@ from typing import Annotated, Any
 import typer
 import uvicorn
 
-from eval.cli import eval_app
-from gateway import GatewayError, GatewaySettings, ModelGateway, load_registry
+from eval.cli import EvalSession, EvalSetupError, eval_app
+from eval.run import CaseJudge
+from gateway import Backend, GatewayError, GatewaySettings, ModelGateway, load_registry
 from gateway.cli import backend_app
 from gateway.local import start_backend, stop_backend
+from gateway.promotions import PromotionStore, promotions_path
+from gateway.registry import LocalLaunch
 from graphs import GraphError, GraphRegistry, GraphSpec, UnknownGraphError
 from graphs.cli import ask, graphs_app
 from knowledge import KnowledgeBase, KnowledgeError, open_knowledge
 from knowledge.cli import ingest, search
-from tools import ToolError
+from tools import ToolError, ToolRegistry
 from serving.app import cors_refusal_headers, create_app
 from serving.audit import load_key, parse_anchor, verify
 from serving.auth import create_key, load_keys, revoke_key
 from serving.errors import ServingError
+from serving.eval_runner import cli_host, open_runner, resolve_model, sla_for
 from serving.http import ConnectionLimits, limited_protocol
 from serving.observability import configure_logging
 from serving.platform import Platform
@@ -109,6 +114,88 @@ class CliEnv:
             yield platform.graphs
         finally:
             await platform.aclose()
+
+    @asynccontextmanager
+    async def open_eval(self, model: str, *, graph: str, judge: str | None) -> AsyncIterator[EvalSession]:
+        """``switchyard eval run``'s runner (`serving.eval_runner`) for ``model`` on graph
+        ``graph``, and its judge (``judge``, else ``eval.judge``). Managed local backends
+        the model or the judge use are started if they are not running, and stopped on
+        exit (as ``serve`` does). A server holding the data directory is no obstacle: the
+        eval keeps its own knowledge store (`serving.eval_runner`). Aliases are taken
+        as promoted (``gateway.promotions``).
+
+        Raises:
+            UnknownModelError: ``model`` or the judge is neither an alias nor a backend id.
+            UnknownGraphError: ``graph`` is not configured.
+            EvalSetupError: no backend of ``model`` answers its health probe.
+        """
+        settings = self.settings
+        judge = judge or settings.eval.judge
+        # Not Platform.build: the eval opens no user store (a server may hold it) and
+        # builds only the graph it runs (serving.eval_runner); aliases as promoted.
+        registry = load_registry(settings.gateway.models_file)
+        registry = PromotionStore(promotions_path(settings.data_dir)).apply(registry)
+        platform = Platform(
+            settings=settings,
+            gateway=ModelGateway(registry, probe_timeout_s=settings.gateway.probe_timeout_s),
+            knowledge=None,
+            tools=ToolRegistry.builtin(settings.tools),
+            graphs=GraphRegistry({}),
+        )
+        started: list[Backend] = []
+        try:
+            alias, pinned = resolve_model(platform.gateway, model)
+            backends = [pinned] if pinned is not None else platform.gateway.registry.candidates(alias)
+            judged = _backends_of(platform.gateway, judge) if judge else []
+            for backend in dict.fromkeys([*backends, *judged]):
+                if isinstance(backend.launch, LocalLaunch):
+                    status = await asyncio.to_thread(
+                        start_backend, backend, settings.data_dir, llama_server=settings.gateway.llama_server
+                    )
+                    typer.echo(status.describe(), err=True)
+                    if status.started_here:
+                        started.append(backend)
+            async with cli_host(settings) as host, open_runner(platform, host, model, seed=settings.eval.seed) as runner:
+                runner.graph(graph)  # an unknown or broken graph fails here, not once per case
+                health = await runner.gateway.probe([b.id for b in backends])
+                if not any(h.ready for h in health):
+                    raise EvalSetupError(
+                        f"model {model!r} is unreachable: " + "; ".join(f"{h.backend_id}: {h.reason}" for h in health)
+                    )
+                yield EvalSession(
+                    runner=runner,
+                    sla=sla_for(platform, model),
+                    judge=_judge(settings, platform.gateway, judge) if judge else None,
+                    runs_dir=settings.eval_runs_dir / "runs",
+                    seed=settings.eval.seed,
+                )
+        finally:
+            await platform.aclose()
+            for backend in started:
+                typer.echo(f"stopping local backend {backend.id}", err=True)
+                stop_backend(backend, settings.data_dir)
+
+
+def _backends_of(gateway: ModelGateway, model: str) -> list[Backend]:
+    """The backends an alias may use, or the backend a backend id names.
+
+    Raises:
+        UnknownModelError: neither.
+    """
+    alias, pinned = resolve_model(gateway, model)
+    return [pinned] if pinned is not None else gateway.registry.candidates(alias)
+
+
+def _judge(settings: Settings, gateway: ModelGateway, model: str) -> CaseJudge:
+    """The DeepEval judge on ``model`` (an alias, or a backend id), DeepEval kept offline
+    with its files under ``<eval_runs_dir>/deepeval``."""
+    from eval.judge import Judge, configure_deepeval  # DeepEval is loaded only for a judged run
+
+    configure_deepeval(settings.eval_runs_dir / "deepeval")
+    alias, pinned = resolve_model(gateway, model)
+    chat_model = gateway.backend_chat_model(pinned) if pinned is not None else gateway.chat_model(alias)
+    json_schema = all(b.capabilities.json_schema for b in _backends_of(gateway, model))
+    return Judge.for_model(chat_model, model, json_schema=json_schema)
 
 
 app = typer.Typer(
