@@ -8,6 +8,13 @@ runs in flight finish on the backend they started on. An invalid file, or one th
 drops an alias a graph or the embedder uses, is refused: the error is logged (and
 is the route's 400), the running registry stays, and the watcher does not retry
 the same file until it changes again.
+
+Promotions (`serving.promotion`, ``switchyard models promote``) live in
+``<data_dir>/gateway/promotions.json``, not in the models file: every reload is the models
+file with the promoted aliases' targets replaced, the watcher watches both files, and a
+promotions file that names a backend the models file no longer has is refused like any
+invalid registry. The routes ``POST /admin/models/{alias}/promote``, ``.../rollback`` and
+``GET /admin/models/{alias}/history`` drive them.
 """
 
 from __future__ import annotations
@@ -19,14 +26,35 @@ import os
 import signal
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
+from eval.report import render_gate_html
 from gateway import ModelGateway, RegistryError, load_registry
+from gateway.promotions import (
+    AliasPromotions,
+    HistoryEntry,
+    NothingToRollBackError,
+    PromotionConflictError,
+    PromotionError,
+    PromotionStore,
+    promotions_path,
+)
 from serving.deps import PrincipalDep, require_key
 from serving.errors import ServingError
 from serving.platform import Platform
+from serving.promotion import (
+    Check,
+    GateRefusedError,
+    Promoter,
+    PromotionRequestError,
+    UnknownAliasError,
+    serving_evaluate,
+)
 
 __all__ = ["ModelsReloader", "router"]
 
@@ -48,13 +76,23 @@ class ModelsReloader:
         self._platform = platform
         self._gateway: ModelGateway = platform.gateway
         self._path = Path(platform.settings.gateway.models_file)
+        self.store = PromotionStore(promotions_path(platform.settings.data_dir))
         self._check_s = platform.settings.gateway.reload_check_s
-        self._seen = _identity(self._path)
+        self._seen = self._identities()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._signal_installed = False
         self.reloads: Counter[str] = Counter()
         """Reload attempts by outcome (``ok``, ``refused``)."""
+        if self.store.path.exists():
+            # The platform was built from the models file alone: put the promotions in
+            # force before the first request (an invalid file stops the start, as an
+            # invalid models file does).
+            self._gateway.reload(self.store.apply(self._gateway.registry), required=self.required())
+            log.info("promotions in %s applied", self.store.path)
+
+    def _identities(self) -> tuple[Any, Any]:
+        return _identity(self._path), _identity(self.store.path)
 
     def required(self) -> dict[str, str]:
         """Aliases the platform's graphs and embedder call, with who calls them."""
@@ -78,10 +116,10 @@ class ModelsReloader:
             RegistryError: the file is invalid or drops a required alias (nothing changed).
         """
         async with self._lock:
-            self._seen = _identity(self._path)
+            self._seen = self._identities()
             try:
-                # A few KB of YAML and pydantic validation: not worth a thread.
-                registry = load_registry(self._path)
+                # A few KB of YAML and JSON and pydantic validation: not worth a thread.
+                registry = self.store.apply(load_registry(self._path))
                 self._gateway.reload(registry, required=self.required())
             except RegistryError as exc:
                 self.reloads["refused"] += 1
@@ -89,14 +127,41 @@ class ModelsReloader:
                 raise
             self.reloads["ok"] += 1
             log.info("model registry reloaded from %s (%s)", self._path, reason)
-            return describe(self._gateway)
+            return describe(self._gateway, self.store)
+
+    async def commit(self, write: Callable[[Check], HistoryEntry]) -> HistoryEntry:
+        """Write a change of the promotions file and put it in force at once (a
+        `serving.promotion.Commit`): the new registry is built from the models file and
+        the new promotions before the write (an invalid one writes nothing), and swapped in
+        after it.
+
+        Raises:
+            RegistryError: the models file is invalid, or the change names what it lacks.
+            PromotionError: the store refused the change (nothing to roll back, a conflict).
+        """
+        async with self._lock:
+            base = load_registry(self._path)
+            built: list[Any] = []
+
+            def check(aliases: Any) -> None:
+                registry = self.store.apply(base, source=aliases)
+                missing = sorted(set(self.required()) - set(registry.aliases))
+                if missing:
+                    raise RegistryError(str(self._path), [f"aliases.{name}: missing" for name in missing])
+                built.append(registry)
+
+            entry = await asyncio.to_thread(write, check)
+            self._gateway.reload(built[-1], required=self.required())
+            self._seen = self._identities()
+            self.reloads["ok"] += 1
+            return entry
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self._check_s)
-            if _identity(self._path) != self._seen:
+            if self._identities() != self._seen:
                 with contextlib.suppress(RegistryError):
-                    await self.reload("the file changed")
+                    await self.reload("a file changed")
 
     def _on_sighup(self) -> None:
         task = asyncio.get_running_loop().create_task(self._reload_quietly("SIGHUP"))
@@ -129,10 +194,15 @@ class ModelsReloader:
             self._task = None
 
 
-def describe(gateway: ModelGateway) -> dict[str, Any]:
-    """The served registry and each backend's breaker, for operators."""
+def describe(gateway: ModelGateway, store: PromotionStore | None = None) -> dict[str, Any]:
+    """The served registry and each backend's breaker, for operators; a promoted alias
+    says so (``promoted``: its last promotion's seq, backend, when and by whom)."""
     registry = gateway.registry
     states = gateway.breakers.states()
+    promoted: dict[str, AliasPromotions] = {}
+    if store is not None:
+        with contextlib.suppress(RegistryError):  # an invalid file is refused on reload and logged there
+            promoted = {name: p for name, p in store.load().aliases.items() if p.targets is not None}
     return {
         "aliases": {
             name: {
@@ -140,6 +210,7 @@ def describe(gateway: ModelGateway) -> dict[str, Any]:
                 "fallbacks": list(alias.fallbacks),
                 "sticky": alias.sticky,
                 "balance": alias.balance,
+                **({"promoted": _promoted(promoted[name])} if name in promoted else {}),
             }
             for name, alias in registry.aliases.items()
         },
@@ -183,4 +254,203 @@ async def reload_models(request: Request, principal: PrincipalDep) -> dict[str, 
 async def models_state(request: Request, principal: PrincipalDep) -> dict[str, Any]:
     """The served aliases and each backend's circuit breaker."""
     _admin(principal)
-    return describe(request.app.state.platform.gateway)
+    return describe(request.app.state.platform.gateway, request.app.state.models_reloader.store)
+
+
+def _promoted(promotions: AliasPromotions) -> dict[str, Any]:
+    last = promotions.open_promotions()
+    entry = last[-1] if last else None
+    return {
+        "targets": [{"backend": t.backend, "weight": t.weight} for t in promotions.targets or ()],
+        "seq": entry.seq if entry else None,
+        "backend": entry.backend if entry else None,
+        "at": entry.at.isoformat() if entry else None,
+        "by": entry.by if entry else None,
+    }
+
+
+# ------------------------------------------------------------------ promotion routes
+
+
+class PromoteRequest(BaseModel):
+    """``POST /admin/models/{alias}/promote``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field(min_length=1)
+    """The candidate: a backend id of the model registry."""
+    weight: int | None = Field(default=None, ge=1, le=100)
+    """A canary: the candidate gets this share (%) and the current primary the rest.
+    Unset: the candidate takes all the traffic."""
+
+
+class TargetOut(BaseModel):
+    backend: str
+    weight: int
+
+
+class SuiteGateOut(BaseModel):
+    """One suite's gate."""
+
+    suite: str
+    dataset_hash: str
+    passed: bool
+    exit_code: int
+    """0 pass, 1 a metric regressed, 2 could not evaluate."""
+    baseline_run: str
+    candidate_run: str
+    baseline_reused: bool
+    """The baseline was a stored run of the current primary on the same dataset."""
+    reports: list[str]
+    metrics: list[dict[str, Any]]
+    """Each gated metric: baseline, candidate, delta, interval, verdict, reason."""
+
+
+class HistoryEntryOut(BaseModel):
+    """One promotion or rollback."""
+
+    seq: int
+    at: str
+    by: str
+    action: Literal["promote", "rollback"]
+    from_targets: list[TargetOut]
+    to_targets: list[TargetOut]
+    backend: str | None = None
+    weight: int | None = None
+    rolls_back: int | None = None
+    verdict: str | None = None
+    scores: dict[str, Any] = {}
+    reports: list[str] = []
+    runs: dict[str, dict[str, str]] = {}
+
+
+class PromotionOut(BaseModel):
+    """A promotion's outcome (200: switched; 422: refused, same fields plus ``detail``)."""
+
+    alias: str
+    backend: str
+    weight: int | None
+    promoted: bool
+    entry: HistoryEntryOut | None
+    suites: list[SuiteGateOut]
+    reports: list[str]
+    targets: list[TargetOut] = []
+    """The alias's targets now."""
+
+
+class RollbackOut(BaseModel):
+    alias: str
+    entry: HistoryEntryOut
+    targets: list[TargetOut]
+    """The alias's targets now."""
+
+
+class HistoryOut(BaseModel):
+    alias: str
+    promoted: bool
+    """Whether promoted targets are in force (else the models file's)."""
+    entries: list[HistoryEntryOut]
+
+
+def _entry_out(entry: HistoryEntry) -> HistoryEntryOut:
+    return HistoryEntryOut.model_validate(entry.model_dump(mode="json", exclude={"previous_override"}))
+
+
+def _targets_now(request: Request, alias: str) -> list[TargetOut]:
+    aliases = request.app.state.platform.gateway.registry.aliases
+    return [TargetOut(backend=t.backend, weight=t.weight) for t in aliases[alias].targets] if alias in aliases else []
+
+
+def _promoter(request: Request) -> Promoter:
+    """The app's promoter, made on first use from what the lifespan built."""
+    state = request.app.state
+    promoter: Promoter | None = getattr(state, "promoter", None)
+    if promoter is None:
+        platform: Platform = state.platform
+        reloader: ModelsReloader = state.models_reloader
+        promoter = state.promoter = Promoter(
+            settings=platform.settings,
+            gateway=platform.gateway,
+            graph_models={graph.graph_id: graph.spec.model for graph in platform.graphs},
+            evaluate=serving_evaluate(platform, state.run_host),
+            commit=reloader.commit,
+            audit=state.audit,
+            store=reloader.store,
+            render_html=render_gate_html,
+        )
+    return promoter
+
+
+def _by(principal: Any) -> str:
+    return f"tenant {principal.tenant}"
+
+
+def _refused(exc: PromotionError | RegistryError) -> ServingError:
+    if isinstance(exc, UnknownAliasError):
+        return ServingError(404, str(exc))
+    if isinstance(exc, (PromotionConflictError, NothingToRollBackError)):
+        return ServingError(409, str(exc))
+    return ServingError(400, str(exc))
+
+
+_PROMOTE_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "An unknown backend, a bad weight, no suite for the alias, or an invalid registry"},
+    404: {"description": "No such alias"},
+    409: {"description": "Another promotion or rollback of the alias is running, or the alias changed meanwhile"},
+    422: {"model": PromotionOut, "description": "The eval gate refused the candidate; nothing changed (body: the verdicts and `detail`)"},
+    **_AUTH_ERRORS,
+}
+
+
+@router.post("/models/{alias}/promote", response_model=PromotionOut, responses=_PROMOTE_ERRORS)
+async def promote_model(alias: str, body: PromoteRequest, request: Request, principal: PrincipalDep) -> Any:
+    """Evaluate ``backend`` on the alias's eval suites against its current primary target,
+    and switch the alias to it (or to a canary ``weight``) only if every suite passes the
+    gate. Takes as long as the evaluation."""
+    _admin(principal)
+    promoter = _promoter(request)
+    try:
+        outcome = await promoter.promote(alias, body.backend, weight=body.weight, by=_by(principal))
+    except GateRefusedError as exc:
+        refused = PromotionOut.model_validate({**exc.outcome.to_json(), "targets": _targets_now(request, alias)})
+        return JSONResponse({"detail": str(exc), **refused.model_dump(mode="json")}, status_code=422)
+    except (PromotionError, RegistryError) as exc:
+        raise _refused(exc) from None
+    return PromotionOut.model_validate({**outcome.to_json(), "targets": _targets_now(request, alias)})
+
+
+@router.post(
+    "/models/{alias}/rollback",
+    response_model=RollbackOut,
+    responses={
+        404: {"description": "No such alias"},
+        409: {"description": "Nothing to roll back, or a promotion of the alias is running"},
+        400: {"description": "The models file is invalid or lacks the backends to return to"},
+        **_AUTH_ERRORS,
+    },
+)
+async def rollback_model(alias: str, request: Request, principal: PrincipalDep) -> RollbackOut:
+    """Return the alias to the targets before its last promotion, at once (no evaluation)."""
+    _admin(principal)
+    try:
+        entry = await _promoter(request).rollback(alias, by=_by(principal))
+    except (PromotionError, RegistryError) as exc:
+        raise _refused(exc) from None
+    return RollbackOut(alias=alias, entry=_entry_out(entry), targets=_targets_now(request, alias))
+
+
+@router.get(
+    "/models/{alias}/history",
+    response_model=HistoryOut,
+    responses={404: {"description": "No such alias"}, 400: {"description": "The promotions file is invalid"}, **_AUTH_ERRORS},
+)
+async def model_history(alias: str, request: Request, principal: PrincipalDep) -> HistoryOut:
+    """The alias's promotions and rollbacks, oldest first."""
+    _admin(principal)
+    promoter = _promoter(request)
+    try:
+        entries = await asyncio.to_thread(promoter.history, alias)
+        promoted = (await asyncio.to_thread(promoter.store.alias, alias)).targets is not None
+    except (PromotionError, RegistryError) as exc:
+        raise _refused(exc) from None
+    return HistoryOut(alias=alias, promoted=promoted, entries=[_entry_out(e) for e in entries])

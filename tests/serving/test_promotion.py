@@ -1,0 +1,314 @@
+"""Eval-gated promotion and rollback (issue 14, item 5) through a real ``switchyard serve``.
+
+Backends are ``bench/scripted_backend.py`` processes: ``a`` (the alias's target) and ``b``
+answer " lorem ipsum dolor ..."; ``empty`` answers empty text (a degraded candidate). The
+alias's suite is a tiny chat suite written here (``eval.suites``), whose cases expect the
+fact "lorem", so each evaluation takes seconds. The evaluation is the real one: the suite
+runs through the server's chat graph and run host on each backend alone.
+
+- Promote then roll back while a stream runs on ``a``: the stream completes on ``a``
+  untouched, the next requests go to ``b`` and then back to ``a`` (``x-switchyard-backend``),
+  the server's pid never changes; the history, ``GET /admin/models`` and the audit log show
+  both steps; the second promotion reuses the stored baseline run.
+- A failed gate (``empty``) changes nothing: 422 with the failing metric, no history entry,
+  traffic stays; the audit log has ``model_promotion_refused``.
+- A canary weight; a second promotion while one runs is 409; a rollback with nothing to roll
+  back is 409 naming it; unknown backend 400, unknown alias 404; a tenant that is not an
+  admin is 403; ``promotions.json`` naming a backend the models file dropped is a refused
+  reload (the running registry stays).
+- The CLI (``switchyard models ...``) through the running server, and in-process with none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import REPO, create_key
+from tests.gateway.traffic import (
+    gateway_config,
+    openai_complete,
+    openai_stream,
+    running_server,
+    server_text,
+    splice_problem,
+    targets,
+    write_models,
+)
+from tests.scripted import ScriptedBackend, failed_requests, running_scripted_backend
+
+pytestmark = pytest.mark.e2e
+
+DELAY_MS = 10
+LONG = 2500
+"""Tokens of the stream that spans the promotion and the rollback (25 s at 10 ms a token)."""
+CASES = [
+    {"id": "en-1", "input": "Say the first word of the placeholder text.", "expected_facts": ["lorem"]},
+    {"id": "en-2", "input": "Which word comes second in lorem ipsum?", "expected_facts": ["ipsum"]},
+    {"id": "zh-1", "input": "请说出占位文本的第一个词。", "expected_facts": ["lorem"]},
+    {"id": "en-3", "input": "Continue: lorem ipsum ...", "expected_facts": ["dolor"]},
+]
+MAIN = {"main": {"targets": targets(a=100), "fallbacks": [], "sla": {"ttft_s": 10, "total_s": 30}}}
+
+
+def _suite(tmp: Path) -> Path:
+    directory = tmp / "suite-tiny"
+    directory.mkdir()
+    (directory / "suite.yaml").write_text(yaml.safe_dump({"name": "tiny", "graph": "chat", "version": 1}))
+    (directory / "cases.jsonl").write_text("".join(json.dumps(case) + "\n" for case in CASES))
+    return directory
+
+
+@pytest.fixture
+def backends(tmp_path: Path) -> Iterator[dict[str, ScriptedBackend]]:
+    with (
+        running_scripted_backend(tmp_path, delay_ms=DELAY_MS, tokens=8) as a,
+        running_scripted_backend(tmp_path, delay_ms=DELAY_MS, tokens=8) as b,
+        running_scripted_backend(tmp_path, delay_ms=DELAY_MS, tokens=0) as empty,
+    ):
+        yield {"a": a, "b": b, "empty": empty}
+
+
+def _config(tmp: Path, backends: dict[str, ScriptedBackend], **extra: Any) -> dict[str, Any]:
+    models = write_models(tmp / "models.yaml", backends, MAIN)
+    return {**gateway_config(models, {"chat": "main"}, reload_check_s=0.5), "eval": {"suites": {"main": [str(_suite(tmp))]}}, **extra}
+
+
+def _client(url: str, **headers: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120, connect=5), headers=headers)
+
+
+def _audit(data_dir: Path) -> list[dict[str, Any]]:
+    path = data_dir / "audit" / "audit.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _of(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for r in records if r["type"] == kind]
+
+
+async def _backends_of(client: httpx.AsyncClient, n: int = 6) -> set[str | None]:
+    answers = await asyncio.gather(*(openai_complete(client, "main", max_tokens=2) for _ in range(n)))
+    assert all(a.ok for a in answers), [str(a) for a in answers]
+    return {a.backend for a in answers}
+
+
+async def _served_targets(client: httpx.AsyncClient) -> list[tuple[str, int]]:
+    state = (await client.get("/admin/models")).json()
+    return [(t["backend"], t["weight"]) for t in state["aliases"]["main"]["targets"]]
+
+
+async def test_promote_and_roll_back_while_a_stream_runs(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    with running_server(tmp_path, _config(tmp_path, backends)) as server:
+        pid = server.process.pid
+        async with _client(server.url) as client:
+            progress: list[int] = [0]
+            stream = asyncio.ensure_future(
+                openai_stream(client, "main", max_tokens=LONG, on_token=lambda n: progress.__setitem__(0, n))
+            )
+            while progress[0] < 3:
+                assert not stream.done(), str(stream.result())
+                await asyncio.sleep(0.02)
+
+            promoted = await client.post("/admin/models/main/promote", json={"backend": "b"})
+            assert promoted.status_code == 200, promoted.text
+            body = promoted.json()
+            assert body["promoted"] is True and body["targets"] == [{"backend": "b", "weight": 100}]
+            [suite] = body["suites"]
+            assert suite["suite"] == "tiny" and suite["passed"] and not suite["baseline_reused"]
+            assert {m["metric"] for m in suite["metrics"]} >= {"facts_contained"}
+            assert all(Path(p).is_file() for p in [*body["reports"], suite["baseline_run"], suite["candidate_run"]])
+            assert any(p.endswith(".md") for p in body["reports"]) and any(p.endswith(".html") for p in body["reports"])
+            # At once, no restart: the next requests go to b.
+            assert await _backends_of(client) == {"b"}
+            assert await _served_targets(client) == [("b", 100)]
+
+            rolled = await client.post("/admin/models/main/rollback")
+            assert rolled.status_code == 200, rolled.text
+            assert rolled.json()["targets"] == [{"backend": "a", "weight": 100}]
+            assert rolled.json()["entry"]["rolls_back"] == 1
+            assert await _backends_of(client) == {"a"}
+            assert not stream.done(), "the stream ended before the promotion and the rollback were over"
+
+            answer = await asyncio.wait_for(stream, 120)
+            assert answer.ok and answer.backend == "a" and len(answer.tokens) == LONG, str(answer)
+            assert splice_problem(answer.tokens) is None
+
+            history = (await client.get("/admin/models/main/history")).json()
+            assert history["promoted"] is False
+            steps = [(e["seq"], e["action"], e["backend"], e["rolls_back"]) for e in history["entries"]]
+            assert steps == [(1, "promote", "b", None), (2, "rollback", None, 1)]
+            first = history["entries"][0]
+            assert first["by"] == body["entry"]["by"] and first["reports"] == body["reports"]
+            assert first["scores"]["tiny"]["facts_contained"]["verdict"] == "ok"
+
+            # A second promotion reuses the baseline stored by the first (same dataset hash).
+            again = await client.post("/admin/models/main/promote", json={"backend": "b", "weight": 30})
+            assert again.status_code == 200, again.text
+            assert again.json()["suites"][0]["baseline_reused"] is True
+            assert await _served_targets(client) == [("a", 70), ("b", 30)]
+            seen = await _backends_of(client, 40)
+            assert seen == {"a", "b"}, seen
+        assert server.process.poll() is None and server.process.pid == pid
+    records = _audit(server.data_dir)
+    promoted_records = _of(records, "model_promoted")
+    assert [(r["alias"], r["backend"], r["weight"]) for r in promoted_records] == [("main", "b", None), ("main", "b", 30)]
+    assert promoted_records[0]["to_targets"] == [{"backend": "b", "weight": 100}] and promoted_records[0]["reports"]
+    [rollback] = _of(records, "model_rolled_back")
+    assert rollback["to_targets"] == [{"backend": "a", "weight": 100}] and rollback["rolls_back"] == 1
+    assert failed_requests(server.data_dir / "audit" / "audit.jsonl") == []
+
+
+async def test_a_failed_gate_changes_nothing(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    with running_server(tmp_path, _config(tmp_path, backends)) as server:
+        async with _client(server.url) as client:
+            refused = await client.post("/admin/models/main/promote", json={"backend": "empty"})
+            assert refused.status_code == 422, refused.text
+            body = refused.json()
+            assert body["promoted"] is False and body["entry"] is None and "facts_contained" in body["detail"]
+            [suite] = body["suites"]
+            failing = {m["metric"]: m for m in suite["metrics"] if m["verdict"] != "ok"}
+            assert failing["facts_contained"]["candidate"] == 0.0, failing
+            assert all(Path(p).is_file() for p in body["reports"])
+            assert await _served_targets(client) == [("a", 100)]
+            assert await _backends_of(client) == {"a"}
+            history = (await client.get("/admin/models/main/history")).json()
+            assert history == {"alias": "main", "promoted": False, "entries": []}
+            nothing = await client.post("/admin/models/main/rollback")
+            assert nothing.status_code == 409 and "no promotion to roll back" in nothing.json()["detail"], nothing.text
+            unknown = await client.post("/admin/models/main/promote", json={"backend": "nope"})
+            assert unknown.status_code == 400 and "unknown backend 'nope'" in unknown.json()["detail"], unknown.text
+            no_alias = await client.post("/admin/models/nope/promote", json={"backend": "b"})
+            assert no_alias.status_code == 404 and "unknown model alias 'nope'" in no_alias.json()["detail"], no_alias.text
+            bad_weight = await client.post("/admin/models/main/promote", json={"backend": "b", "weight": 0})
+            # A body the schema refuses is the API's usual validation error, naming the field.
+            assert bad_weight.status_code == 422 and "weight" in bad_weight.json()["detail"], bad_weight.text
+            assert "promoted" not in bad_weight.json()
+            assert (await client.get("/admin/models/nope/history")).status_code == 404
+    assert not (server.data_dir / "gateway" / "promotions.json").exists()
+    records = _audit(server.data_dir)
+    [refusal] = _of(records, "model_promotion_refused")
+    assert refusal["backend"] == "empty" and any(m["metric"] == "facts_contained" for m in refusal["failing"]["tiny"])
+    assert _of(records, "model_promoted") == [] and _of(records, "model_rolled_back") == []
+    assert failed_requests(server.data_dir / "audit" / "audit.jsonl") == []
+
+
+async def test_a_second_promotion_while_one_runs_is_409(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    with running_server(tmp_path, _config(tmp_path, backends)) as server:
+        async with _client(server.url) as client:
+            first = asyncio.ensure_future(client.post("/admin/models/main/promote", json={"backend": "b"}))
+            # Wait until its evaluation runs cases (their run records reach the audit log).
+            deadline = time.monotonic() + 60
+            while not any(r["type"] == "run" for r in _audit(server.data_dir)):
+                assert not first.done(), first.result().text
+                assert time.monotonic() < deadline, "the promotion ran no case within 60 s"
+                await asyncio.sleep(0.05)
+            second = await client.post("/admin/models/main/promote", json={"backend": "b"})
+            assert not first.done(), "the first promotion ended before the second was sent"
+            assert second.status_code == 409 and "already running" in second.json()["detail"], second.text
+            assert (await client.post("/admin/models/main/rollback")).status_code == 409
+            assert (await first).status_code == 200
+            assert await _backends_of(client) == {"b"}
+
+
+async def test_admin_only(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    roomy = {"graphs": ["*"], "models": ["*"], "limits": {"requests_per_s": 1000, "burst": 1000, "max_concurrent_runs": 50}}
+    tenants = {"ops": {**roomy, "admin": True}, "acme": roomy}
+    config = {**_config(tmp_path, backends), "auth": {"tenants": tenants}}
+    config_file = tmp_path / "switchyard.yaml"
+    config_file.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), **config}))
+    keys = {tenant: create_key(config_file, tenant) for tenant in tenants}
+    with running_server(tmp_path, config, dev=False) as server:
+        async with _client(server.url, **{"x-api-key": keys["acme"]}) as acme:
+            for method, path, body in (
+                ("POST", "/admin/models/main/promote", {"backend": "b"}),
+                ("POST", "/admin/models/main/rollback", None),
+                ("GET", "/admin/models/main/history", None),
+            ):
+                denied = await acme.request(method, path, json=body)
+                assert denied.status_code == 403 and "admin" in denied.json()["detail"], (path, denied.text)
+        async with _client(server.url) as anonymous:
+            assert (await anonymous.post("/admin/models/main/rollback")).status_code == 401
+        # The CLI goes through the running server with the admin's key.
+        cli = _cli(config_file, "models", "promote", "main", "b", env={"SWITCHYARD_API_KEY": keys["ops"]})
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        assert "alias main promoted (#1)" in cli.stdout and "suite tiny: pass" in cli.stdout
+        denied_cli = _cli(config_file, "models", "rollback", "main", env={"SWITCHYARD_API_KEY": keys["acme"]})
+        assert denied_cli.returncode == 1 and "403" in denied_cli.stderr, denied_cli.stderr
+        listed = _cli(config_file, "models", "history", "main", "--json", env={"SWITCHYARD_API_KEY": keys["ops"]})
+        assert listed.returncode == 0 and json.loads(listed.stdout)["entries"][0]["by"] == "tenant ops", listed.stdout
+    records = _audit(server.data_dir)
+    assert [r["by"] for r in _of(records, "model_promoted")] == ["tenant ops"]
+
+
+# ``switchyard`` itself, with ``models`` mounted if serving/cli.py does not mount it yet.
+_ENTRY = """
+import sys
+from serving.cli import app, main
+from serving.models_cli import models_app
+if not any(group.name == "models" for group in app.registered_groups):
+    app.add_typer(models_app, name="models")
+sys.argv[0] = "switchyard"
+main()
+"""
+
+
+def _cli(config_file: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _ENTRY, "--config", str(config_file), *args],
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, **(env or {})}, timeout=600, check=False,
+    )
+
+
+def test_cli_without_a_server_then_the_server_starts_promoted(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    config = _config(tmp_path, backends)
+    config_file = tmp_path / "switchyard.yaml"
+    config_file.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), **config}))
+    refused = _cli(config_file, "models", "promote", "main", "empty")
+    assert refused.returncode == 1 and "refused by the eval gate" in refused.stderr, refused.stdout + refused.stderr
+    nothing = _cli(config_file, "models", "rollback", "main")
+    assert nothing.returncode == 1 and "no promotion to roll back" in nothing.stderr, nothing.stderr
+    promoted = _cli(config_file, "models", "promote", "main", "b", "--weight", "25")
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    assert "[a 100] -> [a 75, b 25]" in promoted.stdout
+    history = _cli(config_file, "models", "history", "main")
+    assert history.returncode == 0 and "#1" in history.stdout and "promote b at 25%" in history.stdout, history.stdout
+    records = _audit(tmp_path / "data")
+    assert [r["type"] for r in records if r["type"].startswith("model_")] == ["model_promotion_refused", "model_promoted"]
+    with running_server(tmp_path, config) as server:
+        state = httpx.get(server.url + "/admin/models", timeout=10).json()["aliases"]["main"]
+        assert [(t["backend"], t["weight"]) for t in state["targets"]] == [("a", 75), ("b", 25)]
+        assert state["promoted"]["seq"] == 1 and state["promoted"]["backend"] == "b"
+        rolled = _cli(config_file, "models", "rollback", "main")  # through the server now
+        assert rolled.returncode == 0, rolled.stderr
+        state = httpx.get(server.url + "/admin/models", timeout=10).json()["aliases"]["main"]
+        assert [(t["backend"], t["weight"]) for t in state["targets"]] == [("a", 100)] and "promoted" not in state
+
+
+async def test_promotions_naming_a_removed_backend_are_refused(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    with running_server(tmp_path, _config(tmp_path, backends)) as server:
+        async with _client(server.url) as client:
+            assert (await client.post("/admin/models/main/promote", json={"backend": "b"})).status_code == 200
+            assert await _backends_of(client) == {"b"}
+            models = Path(yaml.safe_load(server.config.read_text())["gateway"]["models_file"])
+            write_models(models, {"a": backends["a"], "empty": backends["empty"]}, MAIN)  # b is gone
+            reload = await client.post("/admin/models/reload")
+            assert reload.status_code == 400, reload.text
+            assert "promoted to backend(s) 'b' that the model registry no longer has" in reload.json()["detail"]
+            assert await _backends_of(client) == {"b"}  # the running registry stays
+            # Rolling back puts a valid pair of files in force again.
+            rolled = await client.post("/admin/models/main/rollback")
+            assert rolled.status_code == 200, rolled.text
+            assert await _backends_of(client) == {"a"}
+    assert "no longer has" in server_text(server)
