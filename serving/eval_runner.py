@@ -8,9 +8,10 @@ own. The graph is built by the same `GraphRegistry` and builder the server uses,
 the configured graph's entry with its ``model`` replaced by the model under
 evaluation, and sampled at temperature 0 with a fixed seed.
 
-The model is an alias, or a backend id. A backend id gets a private alias with that
-backend alone and no fallbacks, on a gateway of its own (closed afterwards): the eval
-then measures that backend and nothing else, whatever the configured aliases say.
+The model is an alias, or a backend id (``backend:<id>`` when an alias has the same
+name). A backend id gets a private alias with that backend alone and no fallbacks, on
+a gateway of its own (closed afterwards): the eval then measures that backend and
+nothing else, whatever the configured aliases say.
 
 Knowledge: an eval's scratch collections never go into the user's data. With the
 embedded (local-mode) Qdrant store, the eval keeps its own store under
@@ -55,6 +56,7 @@ from serving.settings import Settings
 from tools import ToolRegistry
 
 __all__ = [
+    "BACKEND_PREFIX",
     "EVAL_KEY_ID",
     "EVAL_TENANT",
     "ServingCaseRunner",
@@ -87,20 +89,28 @@ def eval_principal(graph: str, *, collections: Sequence[str] = (), tools: Sequen
     )
 
 
+BACKEND_PREFIX = "backend:"
+"""``backend:<id>`` names a backend even where an alias has the same name."""
+
+
 def resolve_model(gateway: ModelGateway, model: str) -> tuple[str, Backend | None]:
     """``model`` as an alias of ``gateway``'s registry: itself when it is an alias, or
-    the private alias of a backend id with the backend (aliases win a name clash).
+    the private alias of a backend id with the backend. A name that is both is the
+    alias; ``backend:<id>`` is always the backend.
 
     Raises:
         UnknownModelError: neither an alias nor a backend id.
     """
     registry = gateway.registry
-    if model in registry.aliases:
-        return model, None
-    backend = registry.backends.get(model)
+    forced = model.startswith(BACKEND_PREFIX)
+    name = model.removeprefix(BACKEND_PREFIX)
+    if not forced and name in registry.aliases:
+        return name, None
+    backend = registry.backends.get(name)
     if backend is None:
-        raise UnknownModelError(model, {**registry.aliases, **registry.backends})
-    return _PRIVATE_ALIAS.format(backend=model), backend
+        known = registry.backends if forced else {**registry.aliases, **registry.backends}
+        raise UnknownModelError(model, known)
+    return _PRIVATE_ALIAS.format(backend=name), backend
 
 
 def sla_for(platform: Platform, model: str) -> LatencySla | None:
