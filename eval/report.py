@@ -12,7 +12,7 @@ run file holds (case ids, answers, error messages, model and metric names) is us
 is HTML-escaped wherever it is written, in text and in attributes alike.
 
 Pure: the functions return strings and write nothing (``eval.cli`` writes them
-atomically). They read the run file's optional ``outputs`` (case id -> answer, timings,
+atomically). They show the run file's optional ``outputs`` (case id -> answer, timings,
 backend, error) and ``versions`` when the run has them, and do without them otherwise.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from eval.gate import GateResult, MetricVerdict
 from eval.metrics import METRICS, CaseScore, aggregate, error_counts
+from eval.run import JUDGED_METRICS
 from eval.runs import RunFile
 
 __all__ = ["WORST_CASES", "render_gate_html", "render_run_html"]
@@ -71,8 +72,8 @@ def _num(value: float | None, *, signed: bool = False) -> str:
 
 
 def _metric_order(names: Iterable[str]) -> list[str]:
-    """The deterministic metrics in report order, then the others (judged ones) by name."""
-    rank = {metric: i for i, metric in enumerate(METRICS)}
+    """The deterministic metrics in report order, the judged ones, then any other by name."""
+    rank = {metric: i for i, metric in enumerate((*METRICS, *JUDGED_METRICS))}
     return sorted(set(names), key=lambda m: (rank.get(m, len(rank)), m))
 
 
@@ -99,24 +100,10 @@ def _document(title: str, body: list[str]) -> str:
 # --- what a run file may carry ------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
-    """A pydantic model or dataclass-like value as a plain mapping; anything else unchanged."""
-    dump = getattr(value, "model_dump", None)
-    return dump() if callable(dump) else value
-
-
 def _outputs(run: RunFile) -> dict[str, Mapping[str, Any]]:
     """The run's per-case outputs (case id -> ``answer``, ``ttft_s``, ...), or ``{}`` for a
-    run file without them."""
-    raw = _plain(getattr(run, "outputs", None))
-    if not isinstance(raw, Mapping):
-        return {}
-    result: dict[str, Mapping[str, Any]] = {}
-    for case_id, output in raw.items():
-        output = _plain(output)
-        if isinstance(output, Mapping):
-            result[str(case_id)] = output
-    return result
+    run file written before they were recorded."""
+    return {case_id: output for case_id, output in (run.outputs or {}).items() if isinstance(output, Mapping)}
 
 
 def _answer_html(answer: Any) -> str:
@@ -134,8 +121,20 @@ def _answer_html(answer: Any) -> str:
     )
 
 
+def _shown(value: Any) -> str:
+    """A recorded value as text: numbers to 3 decimals, a ``{mean, p50, p95}`` mapping as
+    ``mean 1.234, p50 ...``; not escaped yet."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{key} {_shown(item)}" for key, item in value.items())
+    return str(value)
+
+
 def _key_values(rows: Iterable[tuple[str, Any]]) -> str:
-    cells = "".join(f"<tr><th>{_e(key)}</th><td>{_e(value)}</td></tr>" for key, value in rows)
+    cells = "".join(f"<tr><th>{_e(key)}</th><td>{_e(_shown(value))}</td></tr>" for key, value in rows)
     return f"<table>{cells}</table>"
 
 
@@ -149,11 +148,7 @@ def _run_facts(run: RunFile) -> list[tuple[str, Any]]:
         ("dataset hash", run.dataset_hash),
         ("cases", len(run.cases)),
     ]
-    versions = _plain(getattr(run, "versions", None))
-    if isinstance(versions, Mapping):
-        facts += [(f"version: {key}", value) for key, value in versions.items()]
-    elif versions:
-        facts.append(("versions", versions))
+    facts += [(f"version: {key}", value) for key, value in (run.versions or {}).items()]
     timings = run.timings or {}
     facts += [(f"timing: {key}", value) for key, value in timings.items()]
     return facts
@@ -420,7 +415,7 @@ def render_gate_html(
     """The gate's decision on two runs as a self-contained HTML page.
 
     Sections: the verdict (PASS, REGRESSION or COULD NOT EVALUATE, with the exit code and
-    the statistic); the two runs; a chart per gated metric (an inline SVG with
+    the statistic); the two runs; a chart per gated metric that applies to the suite (an inline SVG with
     ``class="chart"`` and ``data-metric``: the two means with the floor, and the mean paired
     difference with its bootstrap interval and ``-max_drop``); the table of
     :func:`eval.gate.render_markdown` (metric, baseline, candidate, delta, interval, cases,
@@ -466,7 +461,8 @@ def render_gate_html(
     facts = [dict(_run_facts(baseline)), dict(_run_facts(candidate))]
     keys = list(dict.fromkeys([*facts[0], *facts[1]]))
     rows = "".join(
-        f"<tr><th>{_e(k)}</th><td>{_e(facts[0].get(k, '–'))}</td><td>{_e(facts[1].get(k, '–'))}</td></tr>" for k in keys
+        f"<tr><th>{_e(k)}</th><td>{_e(_shown(facts[0].get(k, '–')))}</td><td>{_e(_shown(facts[1].get(k, '–')))}</td></tr>"
+        for k in keys
     )
     body.append(f"<table><thead><tr><th></th><th>baseline</th><th>candidate</th></tr></thead><tbody>{rows}</tbody></table>")
 
@@ -480,7 +476,10 @@ def render_gate_html(
         body.append(
             '<div class="charts">'
             + "".join(
-                f'<div class="chart-box"><h3>{_e(m.metric)}</h3>{_gate_chart(m, stat.confidence)}</div>' for m in result.metrics
+                f'<div class="chart-box"><h3>{_e(m.metric)}</h3>{_gate_chart(m, stat.confidence)}</div>'
+                for m in result.metrics
+                # A metric no case of the suite has (recall on a chat suite) gets a table row, not a chart.
+                if m.verdict != "not_applicable"
             )
             + "</div>"
         )

@@ -90,27 +90,18 @@ def assert_self_contained(document: str) -> None:
 
 
 def run_file(model: str, cases: list[CaseScore], outputs: dict[str, dict[str, Any]] | None = None, **extra: Any) -> RunFile:
-    """A run file; with ``outputs`` (and ``versions``) even before ``RunFile`` has them."""
-    fields = {
-        "suite": "rag",
-        "dataset_hash": "sha256:same",
-        "model": model,
-        "backend": f"{model}-backend",
-        "started_at": datetime(2026, 12, 2, tzinfo=UTC),
-        "judge": None,
-        "cases": cases,
-    }
-    if outputs is None and not extra:
-        return RunFile(**fields)
-    payload = {**fields, **extra, **({"outputs": outputs} if outputs is not None else {})}
-    if all(name in RunFile.model_fields for name in payload):
-        return RunFile.model_validate(payload)
-
-    class WithOutputs(RunFile):  # the fields helper RUNNER adds to RunFile
-        outputs: dict[str, dict[str, Any]] | None = None
-        versions: dict[str, Any] | None = None
-
-    return WithOutputs.model_validate(payload)
+    """A run file of suite ``rag``; ``outputs``, ``versions`` and ``timings`` when given."""
+    return RunFile(
+        suite="rag",
+        dataset_hash="sha256:same",
+        model=model,
+        backend=f"{model}-backend",
+        started_at=datetime(2026, 12, 2, tzinfo=UTC),
+        judge=None,
+        cases=cases,
+        outputs=outputs,
+        **extra,
+    )
 
 
 THRESHOLDS = Thresholds(
@@ -228,8 +219,10 @@ def test_gate_report_with_no_paired_case_could_not_evaluate() -> None:
     tree = parse(document).root
     assert [v.all_text() for v in tree.find_all("span", id="verdict")] == ["COULD NOT EVALUATE"]
     charts = [svg for svg in tree.find_all("svg") if svg.has_class("chart")]
-    assert len(charts) == len(THRESHOLDS.metrics)
+    # A chart for each metric but those no case has (not_applicable, a table row only).
+    assert [svg.attrs["data-metric"] for svg in charts] == [m.metric for m in result.metrics if m.verdict != "not_applicable"]
     assert all("no case" in svg.all_text() for svg in charts)
+    assert len(tree.find_all("tr", data_metric=FACTS_CONTAINED)) == 1
     assert "no case in common" in tree.all_text()
     assert "No paired case scored lower" in tree.all_text()
     assert "other" in tree.all_text()  # missing in the baseline, listed
@@ -263,12 +256,26 @@ def test_gate_report_of_an_unevaluable_metric_and_of_a_pass() -> None:
     assert MRR in tree.all_text()  # untracked, listed
 
 
+def test_gate_report_charts_only_the_metrics_a_suite_has() -> None:
+    chat = [CaseScore(case_id=f"c{i}", values={FACTS_CONTAINED: 1.0}) for i in range(10)]
+    base, cand = run_file("base", chat), run_file("cand", chat)
+    result = compare(base.by_case(), cand.by_case(), THRESHOLDS)
+    assert result.exit_code == 0
+    tree = parse(render_gate_html(result, base, cand)).root
+    assert [v.all_text() for v in tree.find_all("span", id="verdict")] == ["PASS"]
+    assert [svg.attrs["data-metric"] for svg in tree.find_all("svg") if svg.has_class("chart")] == [FACTS_CONTAINED]
+    rows = {tr.attrs["data-metric"]: tr for tr in tree.find_all("tr") if "data-metric" in tr.attrs}
+    assert set(rows) == set(THRESHOLDS.metrics)  # every gated metric has its row
+    assert "not_applicable" in rows[MRR].all_text()
+    assert "Not applicable" in tree.all_text()
+
+
 # --- the run report -----------------------------------------------------------------------
 
 
 def test_run_report_has_a_bar_and_error_count_per_metric_and_the_worst_cases() -> None:
     cases = [
-        CaseScore(case_id="a", values={FACTS_CONTAINED: 1.0, MRR: 0.5, "correctness": 0.9}),
+        CaseScore(case_id="a", values={FACTS_CONTAINED: 1.0, MRR: 0.5, "correctness": 0.9, "zz_custom": 1.0, "faithfulness": 1.0}),
         CaseScore(case_id="b", values={FACTS_CONTAINED: 0.0, MRR: None}, errors={"correctness": "judge: unparseable JSON"}),
         CaseScore(case_id="c", values={FACTS_CONTAINED: 0.5, MRR: 1.0}, errors={"correctness": "judge: timeout"}),
     ]
@@ -277,8 +284,8 @@ def test_run_report_has_a_bar_and_error_count_per_metric_and_the_worst_cases() -
     assert_self_contained(document)
     tree = parse(document).root
     charts = [svg for svg in tree.find_all("svg") if svg.has_class("chart")]
-    # Deterministic metrics in report order, then the others by name.
-    assert [svg.attrs["data-metric"] for svg in charts] == [MRR, FACTS_CONTAINED, "correctness"]
+    # Deterministic metrics in report order, the judged ones in theirs, then others by name.
+    assert [svg.attrs["data-metric"] for svg in charts] == [MRR, FACTS_CONTAINED, "faithfulness", "correctness", "zz_custom"]
     metrics_table = tree.find_all("table")[1]
     rows = {tr.find_all("td")[0].all_text(): [td.all_text() for td in tr.find_all("td")] for tr in metrics_table.find_all("tr")[1:]}
     assert rows[FACTS_CONTAINED][1] == "0.500" and rows[FACTS_CONTAINED][3:] == ["3", "0"]
@@ -292,8 +299,9 @@ def test_run_report_has_a_bar_and_error_count_per_metric_and_the_worst_cases() -
 
     case_rows = tree.find_all("table", **{"class": "cases"})[0].find_all("tr")[1:]
     assert [tr.find_all("td")[0].all_text() for tr in case_rows] == ["a", "b", "c"]
-    b_cells = [td for td in case_rows[1].find_all("td")]
-    assert b_cells[3].has_class("error") and b_cells[3].attrs["title"] == "judge: unparseable JSON"
+    b_cells = case_rows[1].find_all("td")
+    correctness = b_cells[1 + 3]  # case id, mrr, facts, faithfulness, correctness
+    assert correctness.has_class("error") and correctness.attrs["title"] == "judge: unparseable JSON"
 
 
 def test_run_report_escapes_and_shows_outputs_and_failed_runs() -> None:
@@ -309,7 +317,7 @@ def test_run_report_escapes_and_shows_outputs_and_failed_runs() -> None:
             "ok": {"answer": "fine", "ttft_s": 0.25, "total_s": 1.0, "backend": "local", "error": None},
         },
         versions={"switchyard": "0.1", HOSTILE: HOSTILE},
-        timings={"total_s": 3.0},
+        timings={"total_s": 3.0, "ttft_s": {"mean": 0.25, "p50": 0.2, "p95": 0.5}},
     )
     document = render_run_html(run)
     assert "<script>" not in document
@@ -321,6 +329,7 @@ def test_run_report_escapes_and_shows_outputs_and_failed_runs() -> None:
     assert any(long_answer in d.all_text() for d in details)  # a long answer folds, whole
     assert "Failed runs (1)" in text
     assert "0.250" in text and "switchyard" in text and "timing: total_s" in text
+    assert "mean 0.250, p50 0.200, p95 0.500" in text
 
 
 def test_run_report_of_an_empty_run() -> None:
