@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 from knowledge import Document, KnowledgeSettings, open_knowledge  # noqa: E402
 from knowledge.cli import _items  # noqa: E402
 
-CORPUS = REPO / "tests" / "data" / "corpus"
-QUESTIONS = REPO / "tests" / "data" / "corpus-questions.jsonl"
+CORPUS = REPO / "eval" / "datasets" / "corpus"
+QUESTIONS = REPO / "eval" / "datasets" / "corpus-questions.jsonl"
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:

@@ -23,8 +23,8 @@ sys.path.insert(0, str(REPO))
 from knowledge import KnowledgeSettings, open_knowledge  # noqa: E402
 from knowledge.cli import _items  # noqa: E402
 
-CORPUS = REPO / "tests" / "data" / "corpus"
-QUESTIONS = REPO / "tests" / "data" / "corpus-questions.jsonl"
+CORPUS = REPO / "eval" / "datasets" / "corpus"
+QUESTIONS = REPO / "eval" / "datasets" / "corpus-questions.jsonl"
 
 
 async def measure() -> dict[str, object]:

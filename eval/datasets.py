@@ -49,9 +49,6 @@ __all__ = [
     "load_suite",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-"""The repository root: a suite's relative ``corpus`` path is resolved against it."""
-
 DATASETS_DIR = Path(__file__).resolve().parent / "datasets"
 """Where the shipped suites live, one directory each."""
 
@@ -346,8 +343,9 @@ def load_suite(name_or_path: str | Path, *, root: Path | None = None) -> Suite:
     Args:
         name_or_path: a shipped suite's name (``rag``), or ``path/to/suite``, or
             ``path/to/suite/suite.yaml``.
-        root: what a relative ``corpus`` is resolved against; the repository root by
-            default.
+        root: what a relative ``corpus`` is resolved against; by default the suite's
+            own directory (the shipped suites say ``corpus: ../corpus``), so a suite and
+            its corpus can be copied anywhere together.
 
     Raises:
         DatasetError: no such suite, or its files are invalid (all problems listed),
@@ -387,7 +385,7 @@ def load_suite(name_or_path: str | Path, *, root: Path | None = None) -> Suite:
     corpus: Path | None = None
     files: list[tuple[str, Path]] = []
     if config is not None and config.corpus is not None:
-        corpus = (root or REPO_ROOT) / config.corpus
+        corpus = (root or directory) / config.corpus
         if not corpus.exists():
             line = _key_lines(config_text or "").get("corpus")
             problems.append(DatasetProblem(str(config_file), line, "corpus", f"no such file or directory: {corpus}"))

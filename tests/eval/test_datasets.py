@@ -68,7 +68,7 @@ def test_a_shipped_suite_loads_with_enough_cases_in_both_languages(name: str) ->
 
 def test_the_rag_suite_matches_its_corpus() -> None:
     suite = load_suite("rag")
-    assert suite.corpus == Path(__file__).resolve().parents[2] / "tests" / "data" / "corpus"
+    assert suite.corpus is not None and suite.corpus.resolve() == Path(__file__).resolve().parents[2] / "eval" / "datasets" / "corpus"
     documents = corpus_documents(suite.corpus)
     assert "faq-003" in documents and "01-harbor-tides.md" in documents
     for case in suite.cases:
@@ -145,7 +145,7 @@ def copy_suite(tmp_path: Path, name: str = "rag") -> tuple[Path, Path]:
     shutil.copytree(DATASETS_DIR / name, root / "suites" / name)
     source = load_suite(name)
     if source.corpus is not None:
-        shutil.copytree(source.corpus, root / "tests" / "data" / "corpus")
+        shutil.copytree(source.corpus, root / "suites" / "corpus")
     return root, root / "suites" / name
 
 
@@ -156,13 +156,13 @@ def test_the_hash_is_stable_across_loads_and_checkouts(tmp_path: Path) -> None:
     # Another checkout in another place, with Windows line endings in a corpus file and
     # the cases rewritten with other whitespace and key order: the same suite.
     root, directory = copy_suite(tmp_path)
-    notes = root / "tests" / "data" / "corpus" / "21-notes.txt"
+    notes = root / "suites" / "corpus" / "21-notes.txt"
     notes.write_bytes(notes.read_bytes().replace(b"\n", b"\r\n"))
     cases = directory / "cases.jsonl"
     lines = [json.loads(line) for line in cases.read_text(encoding="utf-8").splitlines()]
     cases.write_text("\n\n".join(json.dumps(dict(reversed(list(r.items()))), indent=None, separators=(", ", " : ")) for r in lines), encoding="utf-8")
-    assert load_suite(directory, root=root).hash == shipped.hash
-    assert load_suite(directory / "suite.yaml", root=root).hash == shipped.hash
+    assert load_suite(directory).hash == shipped.hash
+    assert load_suite(directory / "suite.yaml").hash == shipped.hash
 
 
 def test_the_hash_has_a_known_value_for_known_bytes(tmp_path: Path) -> None:
@@ -185,10 +185,10 @@ def test_the_hash_has_a_known_value_for_known_bytes(tmp_path: Path) -> None:
 )
 def test_the_hash_changes_when_the_suite_changes(tmp_path: Path, edit: str) -> None:
     root, directory = copy_suite(tmp_path)
-    before = load_suite(directory, root=root).hash
+    before = load_suite(directory).hash
     cases = directory / "cases.jsonl"
     lines = cases.read_text(encoding="utf-8").splitlines()
-    corpus = root / "tests" / "data" / "corpus"
+    corpus = root / "suites" / "corpus"
     if edit == "a case's facts":
         record = json.loads(lines[0])
         record["expected_facts"] = [*record["expected_facts"], "metres"]
@@ -206,7 +206,7 @@ def test_the_hash_changes_when_the_suite_changes(tmp_path: Path, edit: str) -> N
         path.write_text(path.read_text(encoding="utf-8").replace("9间客房", "10间客房"), encoding="utf-8")
     else:
         (corpus / "23-new.md").write_text("# New\n\nA new document.\n", encoding="utf-8")
-    assert load_suite(directory, root=root).hash != before
+    assert load_suite(directory).hash != before
 
 
 # --- malformed files ----------------------------------------------------------------

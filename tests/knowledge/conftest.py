@@ -12,7 +12,7 @@ from knowledge import KnowledgeBase, KnowledgeSettings
 from knowledge.embeddings.local import LocalEmbedder
 from knowledge.vectorstore.qdrant import QdrantStore
 
-CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "eval" / "datasets" / "corpus"
 
 
 @pytest.fixture(scope="session")
