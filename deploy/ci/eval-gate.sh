@@ -32,8 +32,9 @@
 #                         <suite>/{baseline,candidate}.{json,html} and
 #                         <suite>/gate.{json,md,html}; summary.md for all suites.
 #   DATA_DIR              Switchyard's data directory (sets SWITCHYARD_DATA_DIR).
-#   START_BACKENDS        1 (default): start the local backends each models file launches;
-#                         0: start nothing (the backends are up already).
+#   START_BACKENDS        1 (default): start the local backends each models file launches
+#                         once per side, for all its suites; 0: leave it to `eval run`,
+#                         which starts and stops the local backends it needs per suite.
 #   INSTALL               1 (default): run `make install` first; 0: use the existing .venv.
 #   SWITCHYARD            the CLI (default: .venv/bin/switchyard).
 #   DRY_RUN               1: print the commands instead of running them (no install either).

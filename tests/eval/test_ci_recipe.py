@@ -1,19 +1,28 @@
 """The CI recipe: deploy/ci/eval-gate.yml is a valid workflow that runs deploy/ci/eval-gate.sh,
 and the script checks its settings before it installs or starts anything.
 
-The script is never run for real here (it installs and evaluates for an hour); its checks
-exit early, and ``DRY_RUN=1`` prints the commands it would run."""
+The script never installs here: its checks exit early, ``DRY_RUN=1`` prints the commands it
+would run, and with ``INSTALL=0`` and a stored baseline it runs for real against the FAKE
+scripted backend (one ``eval run`` per test), down to its exit status and reports."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from eval.datasets import hash_dataset, load_dataset
+from eval.metrics import FACTS_CONTAINED, CaseScore
+from eval.runs import RunFile, write_run
+from tests.conftest import SWITCHYARD, _fake
+from tests.fakes.openai_backend import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "ci" / "eval-gate.sh"
@@ -37,7 +46,7 @@ SETTINGS = (
 )
 
 
-def gate_script(env: dict[str, str], *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def gate_script(env: dict[str, str], *args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """The script with exactly these settings (none inherited from the test's environment)."""
     clean = {k: v for k, v in os.environ.items() if k not in SETTINGS and not k.startswith("SWITCHYARD_")}
     return subprocess.run(
@@ -46,7 +55,7 @@ def gate_script(env: dict[str, str], *args: str, cwd: Path = ROOT) -> subprocess
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
 
@@ -183,6 +192,84 @@ def test_dry_run_without_starting_backends(tmp_path: Path) -> None:
     result = gate_script({"DRY_RUN": "1", "INSTALL": "0", "START_BACKENDS": "0", "CANDIDATE": "next", "SUITES": "chat", "OUT_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert not [c for c in commands(result) if " backend " in c]
+
+
+# --- the script for real, against the FAKE backend (tests/fakes/openai_backend.py) -----------
+# No install, and the baseline is a stored run file, so each test makes one `eval run`.
+
+
+@pytest.fixture
+def stored_baseline(tmp_path: Path, fake_backend_url: str) -> dict[str, str]:
+    """A dataset the fake answers right ("Hello from the fake"), a good baseline run of it
+    in a BASELINE_RUN directory, and a models file with a good, a broken and a dead backend."""
+    dataset = tmp_path / "hello.jsonl"
+    dataset.write_text(
+        "".join(json.dumps({"id": f"case-{i}", "input": "Say hello.", "expected_facts": ["fake"]}) + "\n" for i in range(6))
+    )
+    stored = tmp_path / "stored"
+    stored.mkdir()
+    write_run(
+        RunFile(
+            suite="hello",
+            dataset_hash=hash_dataset(load_dataset(dataset)),
+            model="chat-default",
+            backend="good",
+            started_at=datetime(2026, 12, 2, tzinfo=UTC),
+            cases=[CaseScore(case_id=f"case-{i}", values={FACTS_CONTAINED: 1.0}) for i in range(6)],
+        ),
+        stored / "hello.json",
+    )
+    models = tmp_path / "models.yaml"
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    models.write_text(
+        yaml.safe_dump(
+            {
+                "backends": {
+                    "good": _fake(fake_backend_url, "fake-ok"),
+                    # Drops every stream after three chunks: every case fails.
+                    "broken": {**_fake(fake_backend_url, "fake-break"), "breaker": {"failures": 1000}},
+                    "dead": {**_fake(dead, "nothing"), "timeouts": {"connect_s": 1, "read_s": 2}},
+                },
+                "aliases": {"chat-default": "good"},
+            }
+        )
+    )
+    return {
+        "INSTALL": "0",
+        "SWITCHYARD": str(SWITCHYARD),
+        "SUITES": str(dataset),
+        "BASELINE_RUN": str(stored),
+        "MODELS_FILE": str(models),
+        "OUT_DIR": str(tmp_path / "reports"),
+        "DATA_DIR": str(tmp_path / "data"),
+    }
+
+
+@pytest.mark.integration
+def test_a_failing_candidate_exits_1_with_every_report(stored_baseline: dict[str, str]) -> None:
+    result = gate_script({**stored_baseline, "CANDIDATE": "broken"}, timeout=600)
+    assert result.returncode == 1, result.stderr
+    out = Path(stored_baseline["OUT_DIR"])
+    reports = sorted(p.name for p in (out / "hello").iterdir())
+    assert reports == [
+        "baseline.json", "candidate.html", "candidate.json", "gate.html", "gate.json", "gate.md"
+    ]  # fmt: skip
+    assert json.loads((out / "hello" / "gate.json").read_text())["exit_code"] == 1
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith(f"# Eval gate: `broken` against `{stored_baseline['BASELINE_RUN']}`")
+    assert "## Suite `hello`" in summary and "**Gate: REGRESSION**" in summary
+    assert "REGRESSION" in (out / "hello" / "gate.html").read_text()
+
+
+@pytest.mark.integration
+def test_an_unreachable_candidate_exits_2(stored_baseline: dict[str, str]) -> None:
+    result = gate_script({**stored_baseline, "CANDIDATE": "dead"}, timeout=600)
+    assert result.returncode == 2, result.stderr
+    assert "unreachable" in result.stderr
+    assert "hello: not gated: a run file is missing" in result.stderr
+    out = Path(stored_baseline["OUT_DIR"])
+    assert "**COULD NOT EVALUATE**" in (out / "summary.md").read_text()
+    assert not (out / "hello" / "gate.json").exists()
 
 
 # --- the workflow ---------------------------------------------------------------------------
