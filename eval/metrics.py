@@ -62,7 +62,8 @@ CITATIONS_VALID = "citations_valid"
 NO_ANSWER_DETECTED = "no_answer_detected"
 """On an unanswerable case: the answer says it has no relevant information (1) or not (0)."""
 TOOLS_MATCH = "tools_match"
-"""Share of the expected tool calls the run made (name, and arguments when given)."""
+"""Share of the expected tool calls the run made (name, and arguments when given), scored by
+DeepEval's ``ToolCorrectnessMetric``."""
 LATENCY_WITHIN = "latency_within"
 """The case's time to first token and total time were within the alias's SLA (1) or not (0)."""
 
@@ -244,61 +245,30 @@ def no_answer_detected(answer: str, markers: Iterable[str] = NO_ANSWER_MARKERS) 
 # --- tools --------------------------------------------------------------------------------
 
 
-def _same(expected: Any, called: Any) -> bool:
-    if isinstance(expected, str) and isinstance(called, str):
-        return normalise(expected) == normalise(called)
-    if isinstance(expected, bool) or isinstance(called, bool):
-        return expected is called
-    if isinstance(expected, int | float) and isinstance(called, int | float):
-        return math.isclose(expected, called)
-    if isinstance(expected, Mapping) and isinstance(called, Mapping):
-        return expected.keys() == called.keys() and all(_same(v, called[k]) for k, v in expected.items())
-    if isinstance(expected, list | tuple) and isinstance(called, list | tuple):
-        return len(expected) == len(called) and all(_same(e, c) for e, c in zip(expected, called, strict=True))
-    return bool(expected == called)
-
-
-def _matches(expected: Mapping[str, Any], called: Mapping[str, Any]) -> bool:
-    if expected.get("name") != called.get("name"):
-        return False
-    wanted = expected.get("args")
-    if not wanted:
-        return True
-    args = called.get("args") or {}
-    return all(key in args and _same(value, args[key]) for key, value in wanted.items())
-
-
 def tools_match(expected: Sequence[Mapping[str, Any]], called: Sequence[Mapping[str, Any]]) -> float:
-    """Share of the expected tool calls that the run made.
+    """How well the run's tool calls meet the expected ones: DeepEval's ``ToolCorrectnessMetric``.
 
-    A stand-in until DeepEval is a dependency: the issue asks for DeepEval's
-    ``ToolCorrectnessMetric``, which will replace this function. It scores the same way as
-    that metric's default (order ignored, extra calls not penalised): each expected call
-    ``{"name", "args"}`` is matched by a distinct call with the same name and, when the
-    expected call gives ``args``, those arguments (a subset of the call's: each given key
-    present with an equal value; strings compared normalised, numbers numerically).
+    Delegates to `eval.judge.tool_correctness` (deterministic, no model is called; DeepEval
+    is imported on first use, after `eval.judge.configure_deepeval`, which runs with a
+    per-user cache directory if nobody called it). Order is ignored and extra calls are
+    not penalised. Each expected call ``{"name", "args"}`` is met by a distinct call of the
+    same name; when the expectation gives ``args``, only those keys are compared (strings
+    normalised, numbers numerically, ``True`` is not ``1``), and a call that gets some of
+    them right earns that share (DeepEval's partial credit: one of two keys right is 0.5).
+    An expectation without ``args`` is met by the name alone, unless another expectation
+    of the same tool gives args: then the call must not give those.
 
     Args:
         expected: the case's ``expected_tools``.
         called: the calls the run made, ``{"name", "args"}`` each.
 
     Returns:
-        A fraction in ``[0, 1]``. With nothing expected: 1 when nothing was called, else 0
-        (a case that lists no tools expects none).
+        A fraction in ``[0, 1]``: the mean over expected calls. With nothing expected: 1
+        when nothing was called, else 0 (a case that lists no tools expects none).
     """
-    if not expected:
-        return 0.0 if called else 1.0
-    free = list(called)
-    matched = 0
-    # The most specific expectations first, so a name-only expectation does not take the call
-    # that an expectation with arguments needs.
-    for want in sorted(expected, key=lambda e: not e.get("args")):
-        for i, call in enumerate(free):
-            if _matches(want, call):
-                matched += 1
-                del free[i]
-                break
-    return matched / len(expected)
+    from eval.judge import tool_correctness  # noqa: PLC0415 - DeepEval is imported only when needed
+
+    return tool_correctness(expected, called)
 
 
 # --- latency ------------------------------------------------------------------------------

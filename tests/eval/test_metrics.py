@@ -155,6 +155,14 @@ def test_tools_match() -> None:
     assert tools_match([], []) == 1.0
     assert tools_match([], [calc]) == 0.0
     assert tools_match([{"name": "t", "args": {"flag": True}}], [{"name": "t", "args": {"flag": 1}}]) == 0.0
+    # Scored by DeepEval's ToolCorrectnessMetric: partial credit for the share of expected
+    # argument keys that agree, and identical calls count as distinct calls.
+    assert tools_match(
+        [{"name": "search", "args": {"query": "paris", "k": 5}}],
+        [{"name": "search", "args": {"query": "PARIS", "k": 6}}],
+    ) == 0.5
+    assert tools_match([calc, calc], [calc, calc]) == 1.0
+    assert tools_match([calc, calc], [calc]) == 0.5
 
 
 def test_latency_within() -> None:
