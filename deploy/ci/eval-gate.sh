@@ -208,7 +208,7 @@ start_backends() {
 # suite is then not gated: could not evaluate). Run files are written atomically.
 evaluate() {
     local role="$1" model="$2" models="$3" suite dir target
-    local -a source
+    local -a input
     if [ -n "$models" ]; then
         export SWITCHYARD_GATEWAY__MODELS_FILE="$models"
     else
@@ -222,10 +222,10 @@ evaluate() {
     for suite in "${suites[@]}"; do
         dir="$OUT_DIR/$(suite_name "$suite")"
         target="$dir/$role.json"
-        if [ -f "$suite" ]; then source=(--dataset "$suite"); else source=("$suite"); fi
+        if [ -f "$suite" ]; then input=(--dataset "$suite"); else input=("$suite"); fi
         rm -f "$target" # never gate a previous job's file
-        log "$role: eval run ${source[*]} --model $model"
-        if ! run "$SWITCHYARD" eval run "${source[@]}" --model "$model" --json "$target" --html "$dir/$role.html"; then
+        log "$role: eval run ${input[*]} --model $model"
+        if ! run "$SWITCHYARD" eval run "${input[@]}" --model "$model" --json "$target" --html "$dir/$role.html"; then
             log "$role: the run of suite '$suite' on $model exited non-zero"
         fi
     done
