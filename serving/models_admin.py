@@ -25,8 +25,8 @@ import logging
 import os
 import signal
 from collections import Counter
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -49,9 +49,9 @@ from serving.errors import ServingError
 from serving.platform import Platform
 from serving.promotion import (
     Check,
+    EvaluationFailedError,
     GateRefusedError,
     Promoter,
-    PromotionRequestError,
     UnknownAliasError,
     serving_evaluate,
 )
@@ -70,7 +70,8 @@ def _identity(path: Path) -> tuple[int, int, int, int] | None:
 
 
 class ModelsReloader:
-    """Reloads the gateway's registry from its file; see the module docstring."""
+    """Reloads the gateway's registry from the models file and the promotions; see the
+    module docstring."""
 
     def __init__(self, platform: Platform) -> None:
         self._platform = platform
@@ -86,8 +87,9 @@ class ModelsReloader:
         """Reload attempts by outcome (``ok``, ``refused``)."""
         if self.store.path.exists():
             # The platform was built from the models file alone: put the promotions in
-            # force before the first request (an invalid file stops the start, as an
-            # invalid models file does).
+            # force before the first request. An invalid file stops the start, as an
+            # invalid models file does (`switchyard models rollback`, which works with no
+            # server running, is the way out when a promoted backend was removed).
             self._gateway.reload(self.store.apply(self._gateway.registry), required=self.required())
             log.info("promotions in %s applied", self.store.path)
 
@@ -338,6 +340,21 @@ class PromotionOut(BaseModel):
     """The alias's targets now."""
 
 
+class PromotionRefusedOut(BaseModel):
+    """422: the eval gate refused the candidate (``detail`` and the outcome's fields,
+    ``promoted: false``), or the request body is invalid (``detail`` alone, naming the field)."""
+
+    detail: str
+    alias: str | None = None
+    backend: str | None = None
+    weight: int | None = None
+    promoted: bool | None = None
+    entry: HistoryEntryOut | None = None
+    suites: list[SuiteGateOut] | None = None
+    reports: list[str] | None = None
+    targets: list[TargetOut] | None = None
+
+
 class RollbackOut(BaseModel):
     alias: str
     entry: HistoryEntryOut
@@ -390,6 +407,8 @@ def _refused(exc: PromotionError | RegistryError) -> ServingError:
         return ServingError(404, str(exc))
     if isinstance(exc, (PromotionConflictError, NothingToRollBackError)):
         return ServingError(409, str(exc))
+    if isinstance(exc, EvaluationFailedError):
+        return ServingError(503, str(exc))
     return ServingError(400, str(exc))
 
 
@@ -397,7 +416,11 @@ _PROMOTE_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "An unknown backend, a bad weight, no suite for the alias, or an invalid registry"},
     404: {"description": "No such alias"},
     409: {"description": "Another promotion or rollback of the alias is running, or the alias changed meanwhile"},
-    422: {"model": PromotionOut, "description": "The eval gate refused the candidate; nothing changed (body: the verdicts and `detail`)"},
+    503: {"description": "The evaluation could not run (nothing changed)"},
+    422: {
+        "model": PromotionRefusedOut,
+        "description": "The eval gate refused the candidate, nothing changed (the verdicts and `detail`); or an invalid body",
+    },
     **_AUTH_ERRORS,
 }
 

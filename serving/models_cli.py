@@ -22,8 +22,10 @@ import httpx
 import typer
 
 from eval.report import render_gate_html
-from gateway import load_registry
-from gateway.promotions import PromotionStore, promotions_path
+from gateway import Backend, load_registry
+from gateway.local import start_backend, stop_backend
+from gateway.registry import LocalLaunch
+from gateway.promotions import PromotionsFileError, PromotionStore, promotions_path
 from serving.audit import AuditLog, load_key
 from serving.errors import ServingError
 from serving.eval_runner import cli_host
@@ -69,12 +71,35 @@ def _call(url: str, api_key: str | None, method: str, path: str, body: dict[str,
 
 
 @asynccontextmanager
-async def _local_promoter(settings: Settings) -> AsyncIterator[Promoter]:
-    """A promoter in this process: no server is running for the data directory."""
+async def _local_promoter(settings: Settings, *, evaluating: tuple[str, str] | None = None) -> AsyncIterator[Promoter]:
+    """A promoter in this process: no server is running for the data directory.
+
+    Args:
+        evaluating: (alias, candidate backend) of a promotion: the managed local backends
+            they use are started if they are not running, and stopped afterwards (as
+            ``serve`` and ``eval run`` do).
+    """
     store = PromotionStore(promotions_path(settings.data_dir))
     platform = Platform.build(settings)
+    started: list[Backend] = []
     try:
-        platform.gateway.reload(store.apply(platform.gateway.registry))
+        try:
+            platform.gateway.reload(store.apply(platform.gateway.registry))
+        except PromotionsFileError as exc:
+            # E.g. a promoted backend was removed from the models file: a server would not
+            # start; a rollback here is the way out, so go on with the models file alone.
+            typer.secho(f"warning: {exc}; the models file's targets are used", fg=typer.colors.YELLOW, err=True)
+        registry = platform.gateway.registry
+        if evaluating is not None and evaluating[0] in registry.aliases:
+            alias, candidate = evaluating
+            managed = registry.managed_backends(iter([alias]))
+            if candidate in registry.backends and isinstance(registry.backends[candidate].launch, LocalLaunch):
+                managed.append(registry.backends[candidate])
+            for backend in {b.id: b for b in managed}.values():
+                status = await asyncio.to_thread(start_backend, backend, settings.data_dir, llama_server=settings.gateway.llama_server)
+                typer.echo(status.describe(), err=True)
+                if status.started_here:
+                    started.append(backend)
         key = load_key(settings.audit.key_file, data_dir=settings.data_dir) if settings.audit.key_file else None
         audit = AuditLog(settings.audit_path, key=key, anchor_every=settings.audit.anchor_every)
         try:
@@ -93,6 +118,9 @@ async def _local_promoter(settings: Settings) -> AsyncIterator[Promoter]:
             audit.close()
     finally:
         await platform.aclose()
+        for backend in started:
+            typer.echo(f"stopping local backend {backend.id}", err=True)
+            stop_backend(backend, settings.data_dir)
 
 
 def _by() -> str:
@@ -163,7 +191,7 @@ def promote(
     else:
 
         async def local() -> tuple[bool, dict[str, Any], str]:
-            async with _local_promoter(env.settings) as promoter:
+            async with _local_promoter(env.settings, evaluating=(alias, backend)) as promoter:
                 try:
                     done = await promoter.promote(alias, backend, weight=weight, by=_by())
                 except GateRefusedError as exc:

@@ -61,6 +61,7 @@ __all__ = [
     "Commit",
     "NothingToRollBackError",
     "Evaluate",
+    "EvaluationFailedError",
     "GateRefusedError",
     "PromotionBusyError",
     "PromotionOutcome",
@@ -95,6 +96,11 @@ class PromotionRequestError(PromotionError):
 
 class UnknownAliasError(PromotionError):
     """No such alias in the served registry: HTTP 404."""
+
+
+class EvaluationFailedError(PromotionError):
+    """The evaluation could not run (a corpus that cannot be ingested, a backend that cannot
+    be reached at all): nothing changed (HTTP 503)."""
 
 
 class PromotionBusyError(PromotionConflictError):
@@ -359,7 +365,18 @@ class Promoter:
             sla = None if current.sla is None else LatencySla(ttft_s=current.sla.ttft_s, total_s=current.sla.total_s)
             stamp = _stamp()
             report_dir = self.runs_dir / "promotions" / _safe(alias) / f"{stamp}-{_safe(backend)}"
-            gates = [await self._gate_suite(suite, primary, backend, sla, thresholds, report_dir) for suite in suites]
+            gates = []
+            for suite in suites:
+                try:
+                    gates.append(await self._gate_suite(suite, primary, backend, sla, thresholds, report_dir))
+                except Exception as exc:  # boundary: an evaluation that cannot run refuses the promotion
+                    log.exception("promotion of %s to alias %s: suite %s could not be evaluated", backend, alias, suite.name)
+                    reason = f"suite {suite.name!r} could not be evaluated: {type(exc).__name__}: {exc}"
+                    self._record("model_promotion_refused", alias=alias, backend=backend, weight=weight, by=by,
+                                 baseline=primary, error=reason)
+                    raise EvaluationFailedError(
+                        f"promotion of {backend!r} to alias {alias!r} refused; nothing changed: {reason}"
+                    ) from None
             reports = tuple(path for gate in gates for path in gate.reports)
             outcome = PromotionOutcome(alias=alias, backend=backend, weight=weight, promoted=False, suites=tuple(gates), reports=reports)
             if not all(gate.passed for gate in gates):

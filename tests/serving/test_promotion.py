@@ -59,7 +59,8 @@ CASES = [
     {"id": "zh-1", "input": "请说出占位文本的第一个词。", "expected_facts": ["lorem"]},
     {"id": "en-3", "input": "Continue: lorem ipsum ...", "expected_facts": ["dolor"]},
 ]
-MAIN = {"main": {"targets": targets(a=100), "fallbacks": [], "sla": {"ttft_s": 10, "total_s": 30}}}
+MAIN = {"main": {"targets": targets(a=100), "fallbacks": [], "sla": {"ttft_s": 10, "total_s": 30}}, "spare": "a"}
+"""``main`` is the alias under test; ``spare`` has a suite that does not exist, and no graph."""
 
 
 def _suite(tmp: Path) -> Path:
@@ -82,7 +83,7 @@ def backends(tmp_path: Path) -> Iterator[dict[str, ScriptedBackend]]:
 
 def _config(tmp: Path, backends: dict[str, ScriptedBackend], **extra: Any) -> dict[str, Any]:
     models = write_models(tmp / "models.yaml", backends, MAIN)
-    return {**gateway_config(models, {"chat": "main"}, reload_check_s=0.5), "eval": {"suites": {"main": [str(_suite(tmp))]}}, **extra}
+    return {**gateway_config(models, {"chat": "main"}, reload_check_s=0.5), "eval": {"suites": {"main": [str(_suite(tmp))], "spare": [str(tmp / "no-such-suite")]}}, **extra}
 
 
 def _client(url: str, **headers: str) -> httpx.AsyncClient:
@@ -196,6 +197,10 @@ async def test_a_failed_gate_changes_nothing(tmp_path: Path, backends: dict[str,
             assert bad_weight.status_code == 422 and "weight" in bad_weight.json()["detail"], bad_weight.text
             assert "promoted" not in bad_weight.json()
             assert (await client.get("/admin/models/nope/history")).status_code == 404
+            no_suite = await client.post("/admin/models/spare/promote", json={"backend": "b"})
+            assert no_suite.status_code == 400 and "no-such-suite" in no_suite.json()["detail"], no_suite.text
+            same = await client.post("/admin/models/main/promote", json={"backend": "a"})
+            assert same.status_code == 400 and "already the primary" in same.json()["detail"], same.text
     assert not (server.data_dir / "gateway" / "promotions.json").exists()
     records = _audit(server.data_dir)
     [refusal] = _of(records, "model_promotion_refused")
