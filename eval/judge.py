@@ -177,8 +177,9 @@ def _bounded(node: Any) -> Any:
 
     A small model under a grammar can keep a list open until its token limit (SmolLM2
     wrote verdicts until the answer was cut mid-JSON); with bounds the grammar makes it
-    close the JSON well before that. The bounds are far above what one case's answer
-    needs.
+    close the JSON well before that (8 items of 160 characters fit in a 512-token answer).
+    The price: an answer with more than eight claims or statements is judged on its first
+    eight.
     """
     if isinstance(node, dict):
         out = {key: _bounded(value) for key, value in node.items()}
@@ -338,7 +339,7 @@ class Judge:
         *,
         json_schema: bool = True,
         max_tokens: int | None = None,
-        timeout_s: float = 300.0,
+        timeout_s: float = 600.0,
     ) -> Judge:
         """A judge backed by a LangChain chat model.
 
@@ -350,7 +351,8 @@ class Judge:
                 ``json_schema``); turn off for a backend whose capabilities lack it (the
                 gateway refuses such a request), then DeepEval's prompts alone ask for JSON.
             max_tokens: the limit of one judge answer; ``None`` keeps the backend's default.
-            timeout_s: longest time for one metric of one case (several judge calls).
+            timeout_s: longest time for one metric of one case (two or three judge calls):
+                SmolLM2 on two busy CPU cores needs about four minutes for a case.
         """
         _ensure_configured()
         llm = _chat_judge_class()(chat_model, name, json_schema=json_schema, max_tokens=max_tokens)
