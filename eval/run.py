@@ -18,7 +18,7 @@ case's ``values``; one that applies but has nothing to score is ``None``):
   and asks the model to cite them); ``None`` when nothing was retrieved.
 - ``no_answer_detected``: cases with ``expect_no_answer``.
 - ``tools_match``: every case of an ``agent`` suite (a case listing no tools expects
-  none).
+  none); DeepEval's ToolCorrectnessMetric through ``eval.metrics.tools_match``.
 - ``latency_within``: every case, when the alias has an SLA.
 
 A case whose run failed (``CaseOutput.error``) scores no metric: each one that applies
@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any, Protocol
@@ -54,6 +54,7 @@ from eval.metrics import (
     mrr,
     no_answer_detected,
     recall_at_k,
+    tools_match,
 )
 from eval.runner import CaseOutput, CaseRequest, CaseRunner
 from eval.runs import RunFile
@@ -79,19 +80,6 @@ class CaseJudge(Protocol):
     async def score(self, case: Case, output: CaseOutput) -> tuple[dict[str, float | None], dict[str, str]]:
         """The judged metrics' values and the errors of those it could not score."""
         ...
-
-
-def tools_score(expected: Sequence[Mapping[str, Any]], called: Sequence[Mapping[str, Any]]) -> float:
-    """``tools_match`` of one case: DeepEval's ToolCorrectnessMetric through
-    ``eval.judge.tool_correctness`` when that module is there, else the deterministic
-    stand-in ``eval.metrics.tools_match`` (same scoring)."""
-    try:
-        from eval.judge import tool_correctness  # type: ignore[attr-defined]  # eval.judge may not be there yet
-    except ImportError:
-        from eval.metrics import tools_match
-
-        return tools_match(expected, called)
-    return float(tool_correctness(expected, called))
 
 
 def applicable_metrics(suite: Suite, case: Case, *, sla: LatencySla | None) -> list[str]:
@@ -145,7 +133,7 @@ def score_case(
             values[name] = float(no_answer_detected(output.answer))
         elif name == TOOLS_MATCH:
             expected = [tool.model_dump() for tool in case.expected_tools]
-            values[name] = tools_score(expected, list(output.tool_calls))
+            values[name] = tools_match(expected, list(output.tool_calls))
         elif name == LATENCY_WITHIN:
             assert sla is not None
             values[name] = float(latency_within(output.ttft_s, output.total_s, sla))

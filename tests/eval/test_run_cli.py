@@ -176,3 +176,22 @@ def test_a_managed_local_backend_is_started_and_stopped(tmp_path: Path, fake_bac
     assert run.outputs is not None and run.outputs["add"]["backend"] == "local" and run.outputs["add"]["answer"]
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_a_judge_that_answers_no_json_is_scored_errors(tmp_path: Path, fake_backend_url: str) -> None:
+    """--judge: the judged metrics come from DeepEval on the judge alias; the fake answers
+    prose, so each judged metric is a counted error, not a crash. DeepEval's files stay
+    under the eval directory, none in the working directory."""
+    config = _config(tmp_path, fake_backend_url)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    result = _eval(config, "run", "--dataset", _dataset(tmp_path, CASES[:2]), "--model", "fake-ok", "--judge", "fake-ok", cwd=work)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = load_run(_stored(result))
+    assert run.judge == "fake-ok"
+    for case in run.cases:
+        assert case.values[FACTS_CONTAINED] == 1.0
+        assert {"answer_relevancy", "correctness"} <= set(case.errors)
+    assert "correctness" in result.stdout
+    assert not (work / ".deepeval").exists() and list(work.iterdir()) == []
+    assert (tmp_path / "data" / "eval" / "deepeval").is_dir()
