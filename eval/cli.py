@@ -70,9 +70,13 @@ class EvalSession:
 class EvalCliEnv(Protocol):
     """What ``eval run`` needs from the composition root."""
 
-    def open_eval(self, model: str, *, graph: str, judge: str | None) -> AbstractAsyncContextManager[EvalSession]:
+    def open_eval(
+        self, model: str, *, graph: str, judge: str | None, user_collections: bool = False
+    ) -> AbstractAsyncContextManager[EvalSession]:
         """Compose a runner of ``graph`` for ``model`` (starting a managed local backend
         it needs, stopped on exit) and the judge (``judge``, else the configured one).
+        ``user_collections``: the cases ask the user's own collections (a dataset with no
+        corpus), not the eval's scratch store.
 
         Raises:
             EvalSetupError, GatewayError, GraphError, KnowledgeError: it cannot run.
@@ -302,7 +306,10 @@ def run(
         typer.secho("note: no collection named: the rag graph asks the default collection", err=True)
 
     async def execute() -> tuple[RunFile, Path]:
-        async with env.open_eval(model, graph=loaded.graph, judge=judge) as session:
+        # A suite with a corpus runs on the eval's own store (ingested there); a dataset
+        # without one asks the user's collections, which exist only in the user's store.
+        user_collections = loaded.corpus is None and loaded.graph != "chat"
+        async with env.open_eval(model, graph=loaded.graph, judge=judge, user_collections=user_collections) as session:
             with _Bar(f"{loaded.name} on {model}", len(loaded.cases)) as bar:
                 result = await run_suite(
                     loaded, session.runner, judge=session.judge, sla=session.sla, seed=session.seed, progress=bar.update

@@ -32,7 +32,7 @@ from gateway.promotions import PromotionStore, promotions_path
 from gateway.registry import LocalLaunch
 from graphs import GraphError, GraphRegistry, GraphSpec, UnknownGraphError
 from graphs.cli import ask, graphs_app
-from knowledge import KnowledgeBase, KnowledgeError, open_knowledge
+from knowledge import KnowledgeBase, KnowledgeError, StoreLockedError, open_knowledge
 from knowledge.cli import ingest, search
 from tools import ToolError, ToolRegistry
 from serving.app import cors_refusal_headers, create_app
@@ -116,7 +116,9 @@ class CliEnv:
             await platform.aclose()
 
     @asynccontextmanager
-    async def open_eval(self, model: str, *, graph: str, judge: str | None) -> AsyncIterator[EvalSession]:
+    async def open_eval(
+        self, model: str, *, graph: str, judge: str | None, user_collections: bool = False
+    ) -> AsyncIterator[EvalSession]:
         """``switchyard eval run``'s runner (`serving.eval_runner`) for ``model`` on graph
         ``graph``, and its judge (``judge``, else ``eval.judge``). Managed local backends
         the model or the judge use are started if they are not running, and stopped on
@@ -124,10 +126,14 @@ class CliEnv:
         eval keeps its own knowledge store (`serving.eval_runner`). Aliases are taken
         as promoted (``gateway.promotions``).
 
+        ``user_collections``: the cases ask the data directory's own collections, so its
+        store is opened (read only by the eval); a server holding it is then an error.
+
         Raises:
             UnknownModelError: ``model`` or the judge is neither an alias nor a backend id.
             UnknownGraphError: ``graph`` is not configured.
-            EvalSetupError: no backend of ``model`` answers its health probe.
+            EvalSetupError: no backend of ``model`` answers its health probe; the user's
+                store is held by a server.
         """
         settings = self.settings
         judge = judge or settings.eval.judge
@@ -135,10 +141,23 @@ class CliEnv:
         # builds only the graph it runs (serving.eval_runner); aliases as promoted.
         registry = load_registry(settings.gateway.models_file)
         registry = PromotionStore(promotions_path(settings.data_dir)).apply(registry)
+        gateway = ModelGateway(registry, probe_timeout_s=settings.gateway.probe_timeout_s)
+        knowledge = None
+        if user_collections:
+            try:
+                knowledge = await asyncio.to_thread(open_knowledge, settings.knowledge, settings.data_dir, gateway)
+            except StoreLockedError as exc:
+                await gateway.aclose()
+                url = self.server_url()
+                raise EvalSetupError(
+                    f"{exc}{f' (the server at {url})' if url else ''}: these cases ask your own collections, "
+                    "which only that process can read. Stop it, or give the cases a suite with a corpus "
+                    "(ingested into the eval's own store), or use a Qdrant server (knowledge.qdrant_url)"
+                ) from None
         platform = Platform(
             settings=settings,
-            gateway=ModelGateway(registry, probe_timeout_s=settings.gateway.probe_timeout_s),
-            knowledge=None,
+            gateway=gateway,
+            knowledge=knowledge,
             tools=ToolRegistry.builtin(settings.tools),
             graphs=GraphRegistry({}),
         )
@@ -155,7 +174,10 @@ class CliEnv:
                     typer.echo(status.describe(), err=True)
                     if status.started_here:
                         started.append(backend)
-            async with cli_host(settings) as host, open_runner(platform, host, model, seed=settings.eval.seed) as runner:
+            async with (
+                cli_host(settings) as host,
+                open_runner(platform, host, model, seed=settings.eval.seed, user_collections=user_collections) as runner,
+            ):
                 runner.graph(graph)  # an unknown or broken graph fails here, not once per case
                 health = await runner.gateway.probe([b.id for b in backends])
                 if not any(h.ready for h in health):

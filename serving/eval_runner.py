@@ -17,7 +17,9 @@ Knowledge: an eval's scratch collections never go into the user's data. With the
 embedded (local-mode) Qdrant store, the eval keeps its own store under
 ``<eval_runs_dir>/knowledge``; this also lets ``switchyard eval run`` work while
 ``switchyard serve`` holds the data directory's store. With a Qdrant server, the
-suite's scratch collection is created there under its own name.
+suite's scratch collection is created there under its own name. A dataset written for
+the user's own collection (no corpus) reads the user's knowledge base instead
+(``user_collections``), and never writes it.
 """
 
 from __future__ import annotations
@@ -163,8 +165,9 @@ class _EvalKnowledge:
     """The knowledge base eval runs read and write (see the module docstring), opened
     on first use."""
 
-    def __init__(self, platform: Platform) -> None:
+    def __init__(self, platform: Platform, *, user_collections: bool = False) -> None:
         self._platform = platform
+        self._user = user_collections
         self._kb: KnowledgeBase | None = None
         self._own_store = False
         self._own_embedder = False
@@ -174,6 +177,14 @@ class _EvalKnowledge:
             return self._kb
         settings = self._platform.settings
         shared = self._platform.knowledge
+        if self._user:
+            if shared is None:
+                raise KnowledgeError(
+                    "this eval asks the user's collections, but this process has no knowledge base open "
+                    "(a server holds the data directory's store?)"
+                )
+            self._kb = shared
+            return self._kb
         if settings.knowledge.qdrant_url is not None and shared is not None:
             self._kb = shared  # a Qdrant server: scratch collections under their own names there
             return self._kb
@@ -189,6 +200,10 @@ class _EvalKnowledge:
         self._own_store = True
         self._kb = KnowledgeBase(store, embedder, settings.knowledge)
         return self._kb
+
+    @property
+    def user_collections(self) -> bool:
+        return self._user
 
     @property
     def location(self) -> str | None:
@@ -216,6 +231,7 @@ class ServingCaseRunner:
         gateway: ModelGateway,
         pinned: Backend | None,
         seed: int,
+        user_collections: bool = False,
     ) -> None:
         self._platform = platform
         self._host = host
@@ -226,7 +242,7 @@ class ServingCaseRunner:
         self.pinned = pinned
         """The backend a backend id pinned the run to, if it was one."""
         self.seed = seed
-        self.knowledge = _EvalKnowledge(platform)
+        self.knowledge = _EvalKnowledge(platform, user_collections=user_collections)
         self._graphs: dict[str, GraphRegistry] = {}
         self._served: dict[str, None] = {}
         self._versions: dict[str, str] = {}
@@ -274,8 +290,11 @@ class ServingCaseRunner:
         those documents (same ids, contents and sources; nothing else).
 
         Raises:
-            KnowledgeError: a corpus file cannot be read, or ingestion failed.
+            KnowledgeError: a corpus file cannot be read, or ingestion failed, or the
+                runner reads the user's collections (it never writes them).
         """
+        if self.knowledge.user_collections:
+            raise KnowledgeError(f"suite {suite.name!r} has a corpus: evaluate it without user_collections")
         items = corpus_documents(suite)
         broken = [i for i in items if isinstance(i, DocumentParseError)]
         if broken:
@@ -453,9 +472,21 @@ class _Capture:
 
 
 @asynccontextmanager
-async def open_runner(platform: Platform, host: RunHost, model: str, *, seed: int = 7) -> AsyncIterator[ServingCaseRunner]:
+async def open_runner(
+    platform: Platform, host: RunHost, model: str, *, seed: int = 7, user_collections: bool = False
+) -> AsyncIterator[ServingCaseRunner]:
     """A `CaseRunner` evaluating ``model`` (an alias or a backend id) on ``platform``'s
     graphs, running each case through ``host``.
+
+    Args:
+        platform: the graphs' settings, the gateway, and (for ``user_collections``) the
+            knowledge base.
+        host: the run host (the server's, or `cli_host`'s).
+        model: an alias, a backend id, or ``backend:<id>``.
+        seed: the sampling seed of every case (temperature is 0).
+        user_collections: the cases ask collections of ``platform.knowledge`` (a dataset
+            written for the user's own collection, with no corpus to ingest), read and
+            never written. Default: the eval's own store, where suites' corpora go.
 
     Raises:
         UnknownModelError: ``model`` is neither an alias nor a backend id.
@@ -466,7 +497,9 @@ async def open_runner(platform: Platform, host: RunHost, model: str, *, seed: in
     if pinned is not None:
         registry = platform.gateway.registry.with_aliases({alias: pinned.id})
         gateway = own = ModelGateway(registry, probe_timeout_s=platform.settings.gateway.probe_timeout_s)
-    runner = ServingCaseRunner(platform, host, model, alias=alias, gateway=gateway, pinned=pinned, seed=seed)
+    runner = ServingCaseRunner(
+        platform, host, model, alias=alias, gateway=gateway, pinned=pinned, seed=seed, user_collections=user_collections
+    )
     try:
         yield runner
     finally:

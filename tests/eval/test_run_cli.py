@@ -148,6 +148,10 @@ def test_eval_run_while_a_server_holds_the_data_directory(tmp_path: Path, fake_b
         assert result.returncode == 0, result.stdout + result.stderr
         run = load_run(_stored(result))
         assert all(case.values[RECALL_AT_K] == 1.0 for case in run.cases)
+        # A dataset without a corpus asks the user's own collections: the server holds them.
+        refused = _eval(config, "run", "--dataset", suite / "cases.jsonl", "--collection", "mine", "--model", "fake-ok")
+        assert refused.returncode == 2
+        assert "ask your own collections" in refused.stderr and server.url in refused.stderr
         # The server still serves, and its store never got the scratch collection.
         listed = httpx.get(server.url + "/v1/collections", timeout=10)
         assert listed.status_code == 200
@@ -195,3 +199,20 @@ def test_a_judge_that_answers_no_json_is_scored_errors(tmp_path: Path, fake_back
     assert "correctness" in result.stdout
     assert not (work / ".deepeval").exists() and list(work.iterdir()) == []
     assert (tmp_path / "data" / "eval" / "deepeval").is_dir()
+
+
+def test_a_dataset_for_the_users_own_collection(tmp_path: Path, fake_backend_url: str) -> None:
+    """No corpus: the cases ask a collection of the data directory's store (ingested by
+    the user), which the eval reads and does not write."""
+    config = _config(tmp_path, fake_backend_url)
+    suite = _tiny_suite(tmp_path)
+    ingested = subprocess.run(
+        [str(SWITCHYARD), "--config", str(config), "ingest", str(tmp_path / "corpus"), "--collection", "mydocs"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )
+    assert ingested.returncode == 0, ingested.stderr
+    result = _eval(config, "run", "--dataset", suite / "cases.jsonl", "--collection", "mydocs", "--model", "fake-ok")
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = load_run(_stored(result))
+    assert run.suite == "cases" and all(case.values[RECALL_AT_K] == 1.0 for case in run.cases)
+    assert not (tmp_path / "data" / "eval" / "knowledge").exists()  # the scratch store was not needed
