@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from eval.gate import DEFAULT_THRESHOLDS, Thresholds, ThresholdsError, compare, render_markdown
+from eval.judge import JUDGED_METRICS
 from eval.metrics import (
     CITATIONS_VALID,
     FACTS_CONTAINED,
@@ -108,8 +109,11 @@ def test_identical_runs_pass(thresholds: Thresholds) -> None:
     run = _run(_baseline_values(np.random.default_rng(1)))
     result = compare(run, run, thresholds)
     assert result.exit_code == 0, render_markdown(result)
-    assert [m.metric for m in result.metrics] == list(METRICS)
+    assert [m.metric for m in result.metrics] == [*METRICS, *JUDGED_METRICS]
     for m in result.metrics:
+        if m.metric in JUDGED_METRICS:  # no judge ran: not applicable, not blocking
+            assert m.verdict == "not_applicable" and m.cases == 0
+            continue
         assert m.verdict == "ok" and m.delta == 0.0 and m.ci_low == 0.0 and m.ci_high == 0.0
     assert result.paired_cases == CASES and result.missing_in_candidate == () and result.untracked == ()
     by_metric = {m.metric: m for m in result.metrics}
@@ -254,7 +258,7 @@ def test_markdown_and_json(thresholds: Thresholds) -> None:
     assert row.rstrip().endswith("| regressed |")
     data = result.to_json()
     assert data["exit_code"] == 1 and data["statistic"]["seed"] == thresholds.statistic.seed
-    assert {m["metric"] for m in data["metrics"]} == set(METRICS)
+    assert {m["metric"] for m in data["metrics"]} == {*METRICS, *JUDGED_METRICS}
 
 
 @pytest.mark.parametrize(
@@ -293,7 +297,7 @@ def test_thresholds_file_errors(tmp_path: Path) -> None:
         Thresholds.load(listed)
 
 
-def test_the_shipped_thresholds_gate_every_deterministic_metric(thresholds: Thresholds) -> None:
-    assert set(thresholds.metrics) == set(METRICS)
+def test_the_shipped_thresholds_gate_every_metric(thresholds: Thresholds) -> None:
+    assert set(thresholds.metrics) == {*METRICS, *JUDGED_METRICS}
     for threshold in thresholds.metrics.values():
         assert 0 < threshold.floor < 1 and 0 < threshold.max_drop <= 0.1

@@ -90,7 +90,8 @@ def test_degraded_candidate_exits_1_naming_the_metric(tmp_path: Path) -> None:
     assert document["exit_code"] == 1 and document["passed"] is False
     verdicts = {m["metric"]: m["verdict"] for m in document["metrics"]}
     assert verdicts[FACTS_CONTAINED] == "regressed"
-    assert [v for m, v in verdicts.items() if m != FACTS_CONTAINED] == ["ok"] * 6
+    assert [v for m, v in verdicts.items() if m != FACTS_CONTAINED and v != "not_applicable"] == ["ok"] * 6
+    assert [m for m, v in verdicts.items() if v == "not_applicable"] == ["faithfulness", "answer_relevancy", "correctness"]
     assert document["baseline"]["model"] == "base" and document["candidate"]["backend"] == "worse-backend"
     assert document["candidate"]["dataset_hash"] == "sha256:same"
     assert markdown_out.read_text(encoding="utf-8") == result.stdout
