@@ -10,9 +10,12 @@ Which metric applies to which case (a metric that does not apply is absent from 
 case's ``values``; one that applies but has nothing to score is ``None``):
 
 - ``recall_at_k`` and ``mrr``: cases with ``expected_sources``, against the run's
-  retrieved document ids in rank order. ``k`` is `RECALL_K` (4, the ``rag`` graph's
-  default ``knowledge.rag.max_sources``: the chunks the model is given), unless the
-  caller passes another.
+  retrieved document ids in rank order (``CaseOutput.retrieved_ids``: the serving
+  runner gives the ``rag`` graph's retrieved chunks before grading, a document once per
+  chunk, at each chunk's rank; for the ``agent`` graph, the passages its
+  ``knowledge_search`` calls returned). ``k`` is `RECALL_K` (4, the ``rag`` graph's
+  default ``knowledge.rag.max_sources``: how many chunks the model is given at most),
+  unless the caller passes another; the run file records it as ``timings.recall_k``.
 - ``facts_contained``: cases with ``expected_facts``.
 - ``citations_valid``: every case of a ``rag`` suite (the graph numbers its sources
   and asks the model to cite them); ``None`` when nothing was retrieved.

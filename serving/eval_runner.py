@@ -24,6 +24,7 @@ the user's own collection (no corpus) reads the user's knowledge base instead
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -48,7 +49,7 @@ from knowledge.models import Document, IngestReport
 from knowledge.vectorstore.qdrant import QdrantStore
 from serving.audit import AuditLog
 from serving.auth import Principal, TenantSettings
-from serving.guardrails import Guardrails
+from serving.guardrails import Guardrails, OutputGuard
 from serving.limits import RunSlots
 from serving.observability import ServingMetrics
 from serving.platform import Platform
@@ -145,15 +146,16 @@ def corpus_documents(suite: Suite) -> list[Document | DocumentParseError]:
     return items
 
 
-def _backend_version(backend: Backend, timeout_s: float = 2.0) -> str:
+async def _backend_version(backend: Backend, timeout_s: float = 2.0) -> str:
     """``id (model)``, with the server's version when it reports one (llama.cpp's
     ``/props`` build, vLLM's ``/version``); never fails."""
     described = f"{backend.id} ({backend.model}"
     path = {"llamacpp": "/props", "vllm": "/version"}.get(backend.kind)
     if path is not None:
         try:
-            body = httpx.get(backend.root_url + path, timeout=timeout_s).json()
-            version = body.get("build_info") or body.get("version") if isinstance(body, dict) else None
+            async with httpx.AsyncClient(timeout=timeout_s) as client:
+                body = (await client.get(backend.root_url + path)).json()
+            version = (body.get("build_info") or body.get("version")) if isinstance(body, dict) else None
             if version:
                 described += f", {backend.kind} {version}"
         except (httpx.HTTPError, ValueError):
@@ -257,13 +259,10 @@ class ServingCaseRunner:
     @property
     def backend_version(self) -> str:
         """The backends that served the run's cases (else those the alias may use), each
-        with its model and version."""
+        with its model and, once it has served a case, its version."""
         ids = list(self._served) or [b.id for b in self.gateway.registry.candidates(self.alias)]
         backends = self.gateway.registry.backends
-        for backend_id in ids:
-            if backend_id not in self._versions:
-                self._versions[backend_id] = _backend_version(backends[backend_id])
-        return ", ".join(self._versions[i] for i in ids)
+        return ", ".join(self._versions.get(i) or f"{i} ({backends[i].model})" for i in ids)
 
     def graph(self, graph_id: str) -> GraphRegistry:
         """The graph ``graph_id`` built for the model under evaluation (once).
@@ -295,7 +294,7 @@ class ServingCaseRunner:
         """
         if self.knowledge.user_collections:
             raise KnowledgeError(f"suite {suite.name!r} has a corpus: evaluate it without user_collections")
-        items = corpus_documents(suite)
+        items = await asyncio.to_thread(corpus_documents, suite)
         broken = [i for i in items if isinstance(i, DocumentParseError)]
         if broken:
             raise KnowledgeError(
@@ -374,8 +373,10 @@ class ServingCaseRunner:
             capture.error = _describe(exc)
         ended = time.perf_counter()
         backend = run.routing.backend if run is not None else None
-        if backend is not None:
-            self._served.setdefault(backend, None)
+        if backend is not None and backend not in self._served:
+            self._served[backend] = None
+            if (served := self.gateway.registry.backends.get(backend)) is not None:
+                self._versions[backend] = await _backend_version(served)
         first = run.first_at if run is not None and run.first_at else None
         origin = run.started if run is not None else started
         return CaseOutput(
@@ -413,7 +414,7 @@ class _Capture:
     def answer(self) -> str:
         return "".join(self.parts)
 
-    def feed(self, part: dict[str, Any], guard: Any) -> bool:
+    def feed(self, part: dict[str, Any], guard: OutputGuard) -> bool:
         """Take one stream part; True when it carried answer text."""
         if part["type"] == "updates":
             for update in (part["data"] or {}).values():
@@ -442,7 +443,7 @@ class _Capture:
             self.parts.append(safe)
         return True
 
-    def finish(self, guard: Any) -> None:
+    def finish(self, guard: OutputGuard) -> None:
         if rest := guard.flush(0):
             self.parts.append(rest)
 
