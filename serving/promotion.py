@@ -52,7 +52,7 @@ from gateway.promotions import (
     promotions_path,
 )
 from serving.audit import AuditLog
-from serving.eval_runner import open_runner
+from serving.eval_runner import BACKEND_PREFIX, open_runner, resolve_model
 from serving.platform import Platform
 from serving.runs.host import RunHost
 from serving.settings import Settings
@@ -69,6 +69,7 @@ __all__ = [
     "Promoter",
     "SuiteGate",
     "UnknownAliasError",
+    "configured_judge",
     "file_commit",
     "served_registry",
     "serving_evaluate",
@@ -136,15 +137,41 @@ def file_commit(models_file: Path, store: PromotionStore, gateway: ModelGateway 
     return commit
 
 
-def serving_evaluate(platform: Platform, host: RunHost, *, judge: CaseJudge | None = None) -> Evaluate:
+def configured_judge(settings: Settings, gateway: ModelGateway) -> CaseJudge | None:
+    """The DeepEval judge ``eval.judge`` names (an alias or a backend id), as ``switchyard
+    eval run`` builds it, DeepEval kept offline with its files under
+    ``<eval_runs_dir>/deepeval``; None when no judge is configured.
+
+    Raises:
+        UnknownModelError: the judge is neither an alias nor a backend id.
+    """
+    model = settings.eval.judge
+    if model is None:
+        return None
+    # DeepEval is imported only when a judge is configured, after it is told to stay offline.
+    from eval.judge import Judge, configure_deepeval  # noqa: PLC0415
+
+    configure_deepeval(settings.eval_runs_dir / "deepeval")
+    alias, pinned = resolve_model(gateway, model)
+    backends = [pinned] if pinned is not None else gateway.registry.candidates(alias)
+    chat_model = gateway.backend_chat_model(pinned) if pinned is not None else gateway.chat_model(alias)
+    return Judge.for_model(chat_model, model, json_schema=all(b.capabilities.json_schema for b in backends))
+
+
+def serving_evaluate(platform: Platform, host: RunHost) -> Evaluate:
     """The real `Evaluate`: each suite through ``platform``'s graphs and ``host`` (the
-    server's run host, or a CLI's), sampled with ``eval.seed``; a backend id is evaluated
-    alone (`serving.eval_runner.open_runner`)."""
+    server's run host, or a CLI's), sampled with ``eval.seed``, each backend evaluated
+    alone (`serving.eval_runner.open_runner`), judged by ``eval.judge`` when one is set
+    (built at the first evaluation, so a bad judge refuses a promotion, nothing else)."""
     seed = platform.settings.eval.seed
+    judges: list[CaseJudge | None] = []
 
     async def evaluate(suite: Suite, model: str, *, sla: LatencySla | None) -> RunFile:
-        async with open_runner(platform, host, model, seed=seed) as runner:
-            return await run_suite(suite, runner, judge=judge, sla=sla, seed=seed)
+        if not judges:
+            judges.append(configured_judge(platform.settings, platform.gateway))
+        # Promotion evaluates backends: ``backend:<id>`` even if an alias has the same name.
+        async with open_runner(platform, host, BACKEND_PREFIX + model.removeprefix(BACKEND_PREFIX), seed=seed) as runner:
+            return await run_suite(suite, runner, judge=judges[0], sla=sla, seed=seed)
 
     return evaluate
 
@@ -449,13 +476,14 @@ class Promoter:
         """The newest stored run of ``backend`` alone on ``suite``'s dataset (same hash, same
         judge), written by an earlier promotion or by ``switchyard eval run --model BACKEND``."""
         found: list[tuple[float, Path, RunFile]] = []
-        for path in (self.runs_dir / "runs" / _safe(suite.name)).glob(f"{_safe(backend)}-*.json"):
+        wanted = {backend, BACKEND_PREFIX + backend}
+        for path in (self.runs_dir / "runs" / _safe(suite.name)).glob("*.json"):
             try:
                 run = load_run(path)
             except RunFileError as exc:
                 log.warning("stored eval run not reused: %s", exc)
                 continue
-            if run.dataset_hash == suite.hash and run.judge == judge and run.model == backend:
+            if run.dataset_hash == suite.hash and run.judge == judge and run.model in wanted:
                 found.append((run.started_at.timestamp(), path, run))
         if not found:
             return None

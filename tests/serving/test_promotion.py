@@ -317,3 +317,19 @@ async def test_promotions_naming_a_removed_backend_are_refused(tmp_path: Path, b
             assert rolled.status_code == 200, rolled.text
             assert await _backends_of(client) == {"a"}
     assert "no longer has" in server_text(server)
+
+
+async def test_an_evaluation_that_cannot_run_refuses(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    """A judge (``eval.judge``) that names no model: the promotion is refused with 503 naming
+    it, nothing changed, and the audit log says why."""
+    config = _config(tmp_path, backends)
+    config["eval"]["judge"] = "no-such-judge"
+    with running_server(tmp_path, config) as server:
+        async with _client(server.url) as client:
+            refused = await client.post("/admin/models/main/promote", json={"backend": "b"})
+            assert refused.status_code == 503 and "no-such-judge" in refused.json()["detail"], refused.text
+            assert await _served_targets(client) == [("a", 100)]
+            assert (await client.get("/admin/models/main/history")).json()["entries"] == []
+    [record] = _of(_audit(server.data_dir), "model_promotion_refused")
+    assert "no-such-judge" in record["error"]
+    assert failed_requests(server.data_dir / "audit" / "audit.jsonl", allowed=frozenset({503})) == []
