@@ -170,7 +170,10 @@ def serving_evaluate(platform: Platform, host: RunHost) -> Evaluate:
         if not judges:
             judges.append(configured_judge(platform.settings, platform.gateway))
         # Promotion evaluates backends: ``backend:<id>`` even if an alias has the same name.
-        async with open_runner(platform, host, BACKEND_PREFIX + model.removeprefix(BACKEND_PREFIX), seed=seed) as runner:
+        # A suite with no corpus asks the user's own collections (read only), as `eval run` does.
+        pinned = BACKEND_PREFIX + model.removeprefix(BACKEND_PREFIX)
+        user_collections = suite.corpus is None and platform.knowledge is not None
+        async with open_runner(platform, host, pinned, seed=seed, user_collections=user_collections) as runner:
             return await run_suite(suite, runner, judge=judges[0], sla=sla, seed=seed)
 
     return evaluate
