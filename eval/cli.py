@@ -91,6 +91,8 @@ def _fail(message: str) -> typer.Exit:
 
 def _write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp makes the file 0600; a report or run file is read like any other (CI artifacts).
+    os.fchmod(fd, 0o644)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

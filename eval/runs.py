@@ -116,6 +116,8 @@ def write_run(run: RunFile, path: Path | str) -> None:
     a reader sees the old file or the whole new one, never half of it."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp makes the file 0600; a report or run file is read like any other (CI artifacts).
+    os.fchmod(fd, 0o644)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(run.model_dump_json(indent=2))
