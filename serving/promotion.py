@@ -7,9 +7,10 @@
 2. runs each suite on the candidate backend alone, and on the alias's current primary
    target alone, unless a stored run of that backend on the same dataset (same hash, same
    judge) can be reused;
-3. gates each suite (``eval.gate.compare`` with ``eval.thresholds``) and writes the reports
-   (Markdown, and HTML) under ``<eval_runs_dir>/promotions/<alias>/`` and the run files
-   under ``<eval_runs_dir>/runs/<suite>/`` (where ``switchyard eval run`` keeps its own);
+3. gates each suite (``eval.gate.compare`` with ``eval.thresholds``) and writes its
+   reports (Markdown and HTML) under ``<eval_runs_dir>/promotions/<alias>/`` and the run
+   files under ``<eval_runs_dir>/runs/<suite>/`` (where ``switchyard eval run`` keeps its
+   own);
 4. only when every suite passes, switches the alias's targets in one write of
    ``promotions.json`` and one registry swap (``weight`` W: the old primary at 100-W and
    the candidate at W; none: the candidate alone), recording who, when, the scores and
