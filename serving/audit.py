@@ -147,7 +147,7 @@ class AuditLog:
         rotated: dict[str, Any] | None = None
         if path.is_file() and path.stat().st_size:
             record = json.loads(_last_line(path))
-            if record.get("key_id") != self._key_id:
+            if _mac_key_id(record) != self._key_id:
                 # The key was turned on, off or changed: one file, one key, so that each
                 # file verifies as a whole. The new file starts by naming the old head.
                 rotated = _rotate(path, record, self._key_id)
@@ -179,7 +179,8 @@ class AuditLog:
         self._seq += 1
         body = {"seq": self._seq, "ts": datetime.now(UTC).isoformat(), "type": record_type, **fields}
         if self._key is not None:
-            body["mac"], body["key_id"] = _MAC, self._key_id
+            # Not "key_id": records carry the API key's id under that name.
+            body["mac"], body["mac_key_id"] = _MAC, self._key_id
         body["prev"] = self._prev
         body["hash"] = self._prev = _digest(self._prev, body, self._key)
         self._file.write(json.dumps(body, ensure_ascii=False) + "\n")
@@ -202,6 +203,18 @@ class AuditLog:
             self._on_head(seq, head)
 
 
+def _mac_key_id(record: dict[str, Any]) -> str | None:
+    """The id of the HMAC key a record was made under (None: a plain hash).
+
+    ``mac_key_id``; logs written before it existed kept it in ``key_id`` on records with a
+    MAC, a name the ``request``, ``run`` and ``tool_call`` records also use for the API key,
+    so a plain record's ``key_id`` is never read as a MAC key.
+    """
+    if "mac_key_id" in record:
+        return record["mac_key_id"]
+    return record.get("key_id") if "mac" in record else None
+
+
 def _rotate(path: Path, last: dict[str, Any], new_key_id: str | None) -> dict[str, Any]:
     """Move a log written under another key aside; what the new log's first record says."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
@@ -210,7 +223,7 @@ def _rotate(path: Path, last: dict[str, Any], new_key_id: str | None) -> dict[st
     return {
         "previous_file": moved.name,
         "previous_head": f"{last.get('seq')}:{last.get('hash')}",
-        "previous_key_id": last.get("key_id"),
+        "previous_key_id": _mac_key_id(last),
         "key_id_now": new_key_id,
     }
 
@@ -335,8 +348,8 @@ def verify(path: Path, *, key: bytes | None = None, anchors: Iterable[tuple[int,
         body = {k: v for k, v in record.items() if k != "hash"}
         if key is not None and record.get("mac") != _MAC:
             return problem(f"line {number}: record {seq} has no MAC under the key")
-        if key is not None and record.get("key_id") != key_id(key):
-            return problem(f"line {number}: record {seq} was made with another key (key id {record.get('key_id')})")
+        if key is not None and _mac_key_id(record) != key_id(key):
+            return problem(f"line {number}: record {seq} was made with another key (key id {_mac_key_id(record)})")
         if key is None and "mac" in record:
             return problem(f"line {number}: record {seq} carries a MAC: verify it with its key (--key-file)")
         if not hmac.compare_digest(_digest(prev, body, key), claimed):

@@ -236,3 +236,22 @@ def test_a_keyed_server_log_verifies_only_with_its_key_and_anchor(tmp_path: Path
     stop_server(server)
     assert [json.loads(line)["type"] for line in log.read_text().splitlines()][len(lines) - 1] == "audit_recovered"
     assert run("--key-file", str(key_file)).returncode == 0
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+def test_records_naming_an_api_key_do_not_rotate_the_log_on_reopen(tmp_path: Path, keyed: bool) -> None:
+    # Request, run and tool records carry the API key's id as `key_id`; the MAC's key id is
+    # `mac_key_id`. Reading one as the other rotated the log at every server start.
+    path = tmp_path / "audit.jsonl"
+    key = b"k" * 32 if keyed else None
+    log = AuditLog(path, key=key)
+    log.append("run", key_id="api-key-1", outcome="ok")
+    log.close()
+    reopened = AuditLog(path, key=key)
+    reopened.append("run", key_id="api-key-2", outcome="ok")
+    reopened.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["audit.jsonl"]  # nothing moved aside
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["seq"] for r in records] == [1, 2]
+    assert [r["key_id"] for r in records] == ["api-key-1", "api-key-2"]  # kept under a key too
+    assert verify(path, key=key).ok
