@@ -124,12 +124,17 @@ class SuiteConfig(BaseModel):
     description: str = ""
     """What the suite measures."""
     corpus: str | None = None
-    """Documents the cases need: a file or directory, relative to the repository root
+    """Documents the cases need: a file or directory, relative to the suite's directory
     (or absolute). ``eval run`` ingests it into ``collection`` when that is missing."""
     collection: str | None = None
     """The collection the cases ask (a case's own ``collection`` wins)."""
     version: int = Field(default=1, ge=1)
     """Bumped when the cases change meaning; the hash changes with any edit anyway."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """The most tokens an answer may have in this suite's runs (sent as ``max_tokens`` with
+    every case). The cases' answers are short; without a bound a small model that rambles
+    to the backend's default limit makes a run many times longer and scores no better.
+    None: the backend's default."""
 
     @model_validator(mode="after")
     def _corpus_needs_collection(self) -> SuiteConfig:
@@ -313,7 +318,10 @@ def _hash(config: SuiteConfig | None, cases: Sequence[Case], corpus: Sequence[tu
         digest.update(data)
 
     if config is not None:
-        part(SUITE_FILE, _canonical_json(config.model_dump(mode="json")))
+        described = config.model_dump(mode="json")
+        if described.get("max_tokens") is None:  # added later: unset keeps older hashes
+            described.pop("max_tokens", None)
+        part(SUITE_FILE, _canonical_json(described))
     part(CASES_FILE, b"\n".join(_canonical_json(case.model_dump(mode="json")) for case in cases))
     for relative, path in corpus:
         data = path.read_bytes()

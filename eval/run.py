@@ -241,7 +241,9 @@ async def run_suite(
     backends: dict[str, int] = {}
     total = len(suite.cases)
     for done, case in enumerate(suite.cases, start=1):
-        request = CaseRequest(case=case, graph=suite.graph, collection=suite.collection_for(case), seed=seed)
+        request = CaseRequest(
+            case=case, graph=suite.graph, collection=suite.collection_for(case), seed=seed, max_tokens=suite.config.max_tokens
+        )
         try:
             output = await runner.run_case(request)
         except Exception as exc:  # boundary: a runner that raises instead of reporting still scores as errors

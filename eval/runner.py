@@ -27,6 +27,9 @@ class CaseRequest:
     """The knowledge collection the case asks (rag, the agent's knowledge search)."""
     seed: int = 7
     """The sampling seed (temperature is 0), for backends that honour it."""
+    max_tokens: int | None = None
+    """The suite's bound on the answer's length (``SuiteConfig.max_tokens``); None: the
+    backend's default."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -327,7 +327,7 @@ class ServingCaseRunner:
         started = time.perf_counter()
         try:
             registered = self.graph(request.graph).get(request.graph)
-            params = SamplingParams(temperature=0, seed=request.seed).as_params()
+            params = SamplingParams(temperature=0, seed=request.seed, max_tokens=request.max_tokens).as_params()
             self.gateway.check_alias(self.alias, params)
         except Exception as exc:  # boundary: a case that cannot start is its error
             return CaseOutput(error=_describe(exc), total_s=time.perf_counter() - started)

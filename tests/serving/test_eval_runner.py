@@ -118,10 +118,22 @@ async def test_cases_go_through_the_run_host_with_temperature_zero_and_the_seed(
     sent = RECEIVED[before:]
     assert len(sent) == 2
     assert all(body["temperature"] == 0 and body["seed"] == 1234 for body in sent)
+    assert all("max_tokens" not in body and "max_completion_tokens" not in body for body in sent)  # no bound set
     assert ran == 2
     records = [yaml.safe_load(line) for line in (settings.eval_runs_dir / "audit.jsonl").read_text().splitlines()]
     runs = [r for r in records if r["type"] == "run"]
     assert len(runs) == 2 and {r["tenant"] for r in runs} == {"switchyard-eval"}
+
+
+async def test_the_suites_max_tokens_bounds_every_answer(settings: Settings) -> None:
+    from tests.fakes.openai_backend import RECEIVED
+
+    async with _server_side(settings) as (platform, host):
+        async with open_runner(platform, host, "chat-default") as runner:
+            before = len(RECEIVED)
+            await run_suite(_suite("chat", CHAT_CASES[:2], max_tokens=7), runner)
+    # LangChain's ChatOpenAI sends the bound as max_completion_tokens.
+    assert [body.get("max_completion_tokens", body.get("max_tokens")) for body in RECEIVED[before:]] == [7, 7]
 
 
 async def test_a_backend_id_evaluates_that_backend_alone(settings: Settings) -> None:
