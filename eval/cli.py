@@ -25,7 +25,7 @@ import sys
 import tempfile
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 

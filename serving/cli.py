@@ -24,7 +24,6 @@ import typer
 import uvicorn
 
 from eval.cli import EvalSession, EvalSetupError, eval_app
-from eval.run import CaseJudge
 from gateway import Backend, GatewayError, GatewaySettings, ModelGateway, load_registry
 from gateway.cli import backend_app
 from gateway.local import start_backend, stop_backend
@@ -39,8 +38,9 @@ from serving.app import cors_refusal_headers, create_app
 from serving.audit import load_key, parse_anchor, verify
 from serving.auth import create_key, load_keys, revoke_key
 from serving.errors import ServingError
-from serving.eval_runner import cli_host, open_runner, resolve_model, sla_for
+from serving.eval_runner import backends_of, build_judge, cli_host, open_runner, resolve_model, sla_for
 from serving.http import ConnectionLimits, limited_protocol
+from serving.models_cli import models_app
 from serving.observability import configure_logging
 from serving.platform import Platform
 from serving.settings import ConfigError, Settings, load_settings
@@ -165,7 +165,7 @@ class CliEnv:
         try:
             alias, pinned = resolve_model(platform.gateway, model)
             backends = [pinned] if pinned is not None else platform.gateway.registry.candidates(alias)
-            judged = _backends_of(platform.gateway, judge) if judge else []
+            judged = backends_of(platform.gateway, judge) if judge else []
             for backend in dict.fromkeys([*backends, *judged]):
                 if isinstance(backend.launch, LocalLaunch):
                     status = await asyncio.to_thread(
@@ -186,8 +186,8 @@ class CliEnv:
                     )
                 yield EvalSession(
                     runner=runner,
-                    sla=sla_for(platform, model),
-                    judge=_judge(settings, platform.gateway, judge) if judge else None,
+                    sla=sla_for(platform, model, graph=graph),
+                    judge=build_judge(settings, platform.gateway, judge) if judge else None,
                     runs_dir=settings.eval_runs_dir / "runs",
                     seed=settings.eval.seed,
                 )
@@ -196,28 +196,6 @@ class CliEnv:
             for backend in started:
                 typer.echo(f"stopping local backend {backend.id}", err=True)
                 stop_backend(backend, settings.data_dir)
-
-
-def _backends_of(gateway: ModelGateway, model: str) -> list[Backend]:
-    """The backends an alias may use, or the backend a backend id names.
-
-    Raises:
-        UnknownModelError: neither.
-    """
-    alias, pinned = resolve_model(gateway, model)
-    return [pinned] if pinned is not None else gateway.registry.candidates(alias)
-
-
-def _judge(settings: Settings, gateway: ModelGateway, model: str) -> CaseJudge:
-    """The DeepEval judge on ``model`` (an alias, or a backend id), DeepEval kept offline
-    with its files under ``<eval_runs_dir>/deepeval``."""
-    from eval.judge import Judge, configure_deepeval  # DeepEval is loaded only for a judged run
-
-    configure_deepeval(settings.eval_runs_dir / "deepeval")
-    alias, pinned = resolve_model(gateway, model)
-    chat_model = gateway.backend_chat_model(pinned) if pinned is not None else gateway.chat_model(alias)
-    json_schema = all(b.capabilities.json_schema for b in _backends_of(gateway, model))
-    return Judge.for_model(chat_model, model, json_schema=json_schema)
 
 
 app = typer.Typer(
@@ -436,6 +414,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(backend_app, name="backend")
 app.add_typer(graphs_app, name="graphs")
 app.add_typer(eval_app, name="eval")
+app.add_typer(models_app, name="models")
 app.command("ask")(ask)
 app.command("ingest")(ingest)
 app.command("search")(search)

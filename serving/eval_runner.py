@@ -39,6 +39,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from eval.datasets import Suite
 from eval.metrics import LatencySla
+from eval.run import CaseJudge
 from eval.runner import CaseOutput, CaseRequest
 from gateway import Backend, ModelGateway, UnknownModelError
 from graphs import GraphRegistry, OutputBlockedError, UnknownGraphError
@@ -66,6 +67,8 @@ __all__ = [
     "cli_host",
     "corpus_documents",
     "eval_principal",
+    "backends_of",
+    "build_judge",
     "open_runner",
     "resolve_model",
     "sla_for",
@@ -116,10 +119,14 @@ def resolve_model(gateway: ModelGateway, model: str) -> tuple[str, Backend | Non
     return _PRIVATE_ALIAS.format(backend=name), backend
 
 
-def sla_for(platform: Platform, model: str) -> LatencySla | None:
-    """The latency promise ``model`` is checked against: an alias's ``sla``; None for
-    a backend id or an alias without one."""
-    alias = platform.gateway.registry.aliases.get(model)
+def sla_for(platform: Platform, model: str, *, graph: str | None = None) -> LatencySla | None:
+    """The latency promise ``model`` is checked against: an alias's ``sla``. A backend id
+    is a candidate for the alias ``graph`` calls (its ``model`` in the settings), so it is
+    held to that alias's promise. None when there is no such promise."""
+    aliases = platform.gateway.registry.aliases
+    alias = None if model.startswith(BACKEND_PREFIX) else aliases.get(model)
+    if alias is None and graph is not None and (spec := platform.settings.graphs.get(graph)) is not None:
+        alias = aliases.get(spec.model)
     if alias is None or alias.sla is None:
         return None
     return LatencySla(ttft_s=alias.sla.ttft_s, total_s=alias.sla.total_s)
@@ -536,8 +543,31 @@ async def cli_host(settings: Settings) -> AsyncIterator[RunHost]:
             yield host
         finally:
             await host.aclose()
-            # The last record carries no ``key_id`` field: run records name the API key
-            # as ``key_id``, which `AuditLog` mistakes on reopening for the HMAC key's id
-            # and rotates the file (reported; remove this once serving/audit.py tells
-            # them apart).
-            audit.append("eval_closed")
+
+
+def backends_of(gateway: ModelGateway, model: str) -> list[Backend]:
+    """The backends an alias may use, or the backend a backend id names.
+
+    Raises:
+        UnknownModelError: neither.
+    """
+    alias, pinned = resolve_model(gateway, model)
+    return [pinned] if pinned is not None else gateway.registry.candidates(alias)
+
+
+def build_judge(settings: Settings, gateway: ModelGateway, model: str) -> CaseJudge:
+    """The DeepEval judge on ``model`` (an alias, or a backend id), DeepEval kept offline
+    with its files under ``<eval_runs_dir>/deepeval``; JSON-schema-constrained verdicts when
+    every backend the judge may use can do them.
+
+    Raises:
+        UnknownModelError: ``model`` is neither an alias nor a backend id.
+    """
+    # DeepEval is imported only for a judged run, after it is told to stay offline.
+    from eval.judge import Judge, configure_deepeval  # noqa: PLC0415
+
+    configure_deepeval(settings.eval_runs_dir / "deepeval")
+    alias, pinned = resolve_model(gateway, model)
+    chat_model = gateway.backend_chat_model(pinned) if pinned is not None else gateway.chat_model(alias)
+    json_schema = all(b.capabilities.json_schema for b in backends_of(gateway, model))
+    return Judge.for_model(chat_model, model, json_schema=json_schema)

@@ -39,7 +39,6 @@ from typing import Any, Protocol
 from eval.datasets import DatasetError, Suite, list_suites, load_suite
 from eval.gate import GateResult, Thresholds, ThresholdsError, compare, render_markdown
 from eval.metrics import LatencySla
-from eval.report import render_gate_html
 from eval.run import CaseJudge, run_suite
 from eval.runs import RunFile, RunFileError, load_run, write_run
 from gateway import AliasTarget, ModelGateway, ModelRegistry, load_registry
@@ -53,7 +52,7 @@ from gateway.promotions import (
     promotions_path,
 )
 from serving.audit import AuditLog
-from serving.eval_runner import BACKEND_PREFIX, open_runner, resolve_model
+from serving.eval_runner import BACKEND_PREFIX, build_judge, open_runner
 from serving.platform import Platform
 from serving.runs.host import RunHost
 from serving.settings import Settings
@@ -147,16 +146,7 @@ def configured_judge(settings: Settings, gateway: ModelGateway) -> CaseJudge | N
         UnknownModelError: the judge is neither an alias nor a backend id.
     """
     model = settings.eval.judge
-    if model is None:
-        return None
-    # DeepEval is imported only when a judge is configured, after it is told to stay offline.
-    from eval.judge import Judge, configure_deepeval  # noqa: PLC0415
-
-    configure_deepeval(settings.eval_runs_dir / "deepeval")
-    alias, pinned = resolve_model(gateway, model)
-    backends = [pinned] if pinned is not None else gateway.registry.candidates(alias)
-    chat_model = gateway.backend_chat_model(pinned) if pinned is not None else gateway.chat_model(alias)
-    return Judge.for_model(chat_model, model, json_schema=all(b.capabilities.json_schema for b in backends))
+    return None if model is None else build_judge(settings, gateway, model)
 
 
 def serving_evaluate(platform: Platform, host: RunHost) -> Evaluate:

@@ -168,6 +168,13 @@ async def test_model_names_and_sla(settings: Settings) -> None:
         sla = sla_for(platform, "promised")
         assert sla is not None and (sla.ttft_s, sla.total_s) == (30, 60)
         assert sla_for(platform, "chat-default") is None and sla_for(platform, "fake-ok-2") is None
+        # A backend id is a candidate for the alias its graph calls, held to its promise.
+        assert sla_for(platform, "fake-ok-2", graph="chat") is None  # chat-default promises nothing
+    graphs = {**settings.graphs, "chat": settings.graphs["chat"].model_copy(update={"model": "promised"})}
+    async with _server_side(settings.model_copy(update={"graphs": graphs})) as (platform, _):
+        assert sla_for(platform, "fake-ok-2", graph="chat") == sla_for(platform, "promised")
+        assert sla_for(platform, "backend:fake-ok", graph="chat") == sla_for(platform, "promised")
+        assert sla_for(platform, "chat-default", graph="chat") is None  # an alias keeps its own
 
 
 async def test_agent_tool_calls_are_captured(settings: Settings) -> None:

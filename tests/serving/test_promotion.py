@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +34,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import REPO, create_key
+from tests.conftest import REPO, SWITCHYARD, create_key
 from tests.gateway.traffic import (
     gateway_config,
     openai_complete,
@@ -257,21 +256,9 @@ async def test_admin_only(tmp_path: Path, backends: dict[str, ScriptedBackend]) 
     assert [r["by"] for r in _of(records, "model_promoted")] == ["tenant ops"]
 
 
-# ``switchyard`` itself, with ``models`` mounted if serving/cli.py does not mount it yet.
-_ENTRY = """
-import sys
-from serving.cli import app, main
-from serving.models_cli import models_app
-if not any(group.name == "models" for group in app.registered_groups):
-    app.add_typer(models_app, name="models")
-sys.argv[0] = "switchyard"
-main()
-"""
-
-
 def _cli(config_file: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", _ENTRY, "--config", str(config_file), *args],
+        [str(SWITCHYARD), "--config", str(config_file), *args],
         capture_output=True, text=True, cwd=REPO, env={**os.environ, **(env or {})}, timeout=600, check=False,
     )
 
