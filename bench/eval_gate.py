@@ -53,11 +53,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_http(url: str, timeout_s: float = 30.0) -> None:
+def _wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the degraded backend exited ({process.returncode}) before {url} answered")
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
                 return
@@ -88,6 +90,8 @@ def _write_config(root: Path, local_url: str, proxy_port: int, sla_ttft: float, 
     settings = root / "switchyard.yaml"
     base = yaml.safe_load((REPO / "config/switchyard.yaml").read_text())
     base.update({"data_dir": str(root / "data"), "gateway": {**base.get("gateway", {}), "models_file": str(models)}})
+    # The local model's thresholds (config/switchyard.yaml names them), by absolute path.
+    base["eval"] = {**base.get("eval", {}), "thresholds": str(REPO / base.get("eval", {}).get("thresholds", "eval/thresholds.yaml"))}
     settings.write_text(yaml.safe_dump(base, sort_keys=False))
     return settings
 
@@ -103,9 +107,10 @@ def _run(settings: Path, suite: str, model: str, out: Path, env: dict[str, str])
     return time.perf_counter() - started
 
 
-def _gate(baseline: Path, candidate: Path, report: Path, env: dict[str, str]) -> dict[str, Any]:
+def _gate(settings: Path, baseline: Path, candidate: Path, report: Path, env: dict[str, str]) -> dict[str, Any]:
     result = subprocess.run(
-        [str(SWITCHYARD), "eval", "gate", "--baseline", str(baseline), "--candidate", str(candidate), "--json", str(report)],
+        [str(SWITCHYARD), "--config", str(settings), "eval", "gate", "--baseline", str(baseline), "--candidate", str(candidate),
+         "--json", str(report)],
         env=env, capture_output=True, text=True, check=False,
     )
     decided: list[str] = []
@@ -120,10 +125,11 @@ def main() -> None:
     parser.add_argument("--suite", default="chat", help="the suite to run (eval/datasets/<name> or a directory)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--modes", default=",".join(EXPECT), help="pairings to run, comma separated")
-    parser.add_argument("--sla-ttft", type=float, default=2.0, help="the alias's SLA: seconds to the first token")
+    parser.add_argument("--sla-ttft", type=float, default=5.0, help="the alias's SLA: seconds to the first token")
     parser.add_argument("--sla-total", type=float, default=60.0, help="the alias's SLA: seconds to the last token")
-    parser.add_argument("--slow-s", type=float, default=2.5, help="the slow candidate's delay (above --sla-ttft)")
+    parser.add_argument("--slow-s", type=float, default=6.0, help="the slow candidate's delay (above --sla-ttft)")
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--keep", type=Path, help="copy the run files and gate reports here")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in EXPECT]
@@ -145,7 +151,7 @@ def main() -> None:
         results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
         timings: dict[str, list[float]] = {"baseline": []}
         try:
-            _wait_http(f"http://127.0.0.1:{proxy_port}/health")
+            _wait_http(f"http://127.0.0.1:{proxy_port}/health", proxy)
             settings = _write_config(root, local.base_url, proxy_port, args.sla_ttft, args.sla_total)
             baseline = root / "baseline.json"
             timings["baseline"].append(_run(settings, args.suite, "local", baseline, env))
@@ -155,13 +161,17 @@ def main() -> None:
                     model = "local" if mode == "rerun" else f"degraded-{mode}"
                     candidate = root / f"{mode}-{repeat}.json"
                     timings.setdefault(mode, []).append(_run(settings, args.suite, model, candidate, env))
-                    outcome = _gate(baseline, candidate, root / f"{mode}-{repeat}.gate.json", env)
+                    outcome = _gate(settings, baseline, candidate, root / f"{mode}-{repeat}.gate.json", env)
                     results[mode].append(outcome)
                     print(f"repeat {repeat + 1} {mode}: exit {outcome['exit']} {outcome['regressed']}", flush=True)
         finally:
             proxy.terminate()
             proxy.wait(10)
             stop_backend(local, root / "backend")
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                for kept in root.glob("*.json"):
+                    kept.replace(args.keep / kept.name)
 
     lines = ["| pairing | expected | runs | passed (exit 0) | blocked (exit 1) | could not evaluate (2) | as expected | metrics that blocked |",
              "|---|---|---|---|---|---|---|---|"]

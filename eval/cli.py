@@ -83,6 +83,14 @@ class EvalCliEnv(Protocol):
         """
         ...
 
+    def eval_thresholds(self) -> Path:
+        """The thresholds file the settings name (``eval.thresholds``).
+
+        Raises:
+            Exception: the settings cannot be loaded (the message says why).
+        """
+        ...
+
 
 def _fail(message: str) -> typer.Exit:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
@@ -116,11 +124,17 @@ def _describe(run: RunFile, path: Path) -> dict[str, Any]:
 
 @eval_app.command("gate")
 def gate(
+    ctx: typer.Context,
     baseline: Annotated[Path, typer.Option("--baseline", help="The baseline's run file (JSON).")],
     candidate: Annotated[Path, typer.Option("--candidate", help="The candidate's run file (JSON).")],
     thresholds: Annotated[
-        Path, typer.Option("--thresholds", help="Floors and largest drops per metric (YAML).")
-    ] = DEFAULT_THRESHOLDS,
+        Path | None,
+        typer.Option(
+            "--thresholds",
+            help="Floors and largest drops per metric (YAML). Default: eval.thresholds in the settings "
+            "(config/switchyard.yaml), else eval/thresholds.yaml.",
+        ),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the decision as JSON here.")] = None,
     markdown_out: Annotated[Path | None, typer.Option("--markdown", help="Also write the Markdown report here.")] = None,
     html_out: Annotated[
@@ -128,6 +142,12 @@ def gate(
     ] = None,
 ) -> None:
     """Compare two runs case by case; exit 0 pass, 1 regression, 2 could not evaluate."""
+    if thresholds is None:
+        env = ctx.obj
+        try:
+            thresholds = env.eval_thresholds() if env is not None and hasattr(env, "eval_thresholds") else DEFAULT_THRESHOLDS
+        except Exception as exc:  # boundary: bad settings are the command's error, not a traceback
+            raise _fail(f"cannot read the settings for eval.thresholds: {exc} (or pass --thresholds)") from None
     try:
         base_run = load_run(baseline)
         cand_run = load_run(candidate)

@@ -66,6 +66,9 @@ class CliEnv:
             self._settings = load_settings(self.config, **self._overrides)
         return self._settings
 
+    def eval_thresholds(self) -> Path:
+        return self.settings.eval.thresholds
+
     def gateway_settings(self) -> GatewaySettings:
         return self.settings.gateway
 

@@ -125,3 +125,33 @@ def test_bad_thresholds_exit_2_naming_the_key(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "metrics.mrr.floor" in result.stderr
     assert result.stdout == ""
+
+
+def test_without_thresholds_the_settings_name_them(tmp_path: Path) -> None:
+    base, cand = _run(tmp_path, "base"), _run(tmp_path, "cand", facts=0.9)
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("metrics:\n  facts_contained: {floor: 0.99, max_drop: 0.5}\n", encoding="utf-8")
+    config = tmp_path / "switchyard.yaml"
+    config.write_text(f"eval:\n  thresholds: {strict}\n", encoding="utf-8")
+    args = ("--baseline", base, "--candidate", cand, "--json", tmp_path / "gate.json")
+
+    def gate(*options: str | Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SWITCHYARD), *(str(o) for o in options), "eval", "gate", *(str(a) for a in args)],
+            capture_output=True, text=True, check=False, timeout=120,
+        )
+
+    refused = gate("--config", config)
+    assert refused.returncode == 1 and "under the floor 0.990" in refused.stdout, refused.stdout + refused.stderr
+    assert json.loads((tmp_path / "gate.json").read_text())["thresholds"] == str(strict)
+    # --thresholds wins over the settings.
+    result = subprocess.run(
+        [str(SWITCHYARD), "--config", str(config), "eval", "gate", *(str(a) for a in args), "--thresholds",
+         str(Path(__file__).resolve().parents[2] / "eval" / "thresholds.yaml")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Settings that do not load: exit 2, saying so.
+    config.write_text("eval:\n  thresholds: [not, a, path]\n", encoding="utf-8")
+    broken = gate("--config", config)
+    assert broken.returncode == 2 and "eval.thresholds" in broken.stderr, broken.stderr
