@@ -31,6 +31,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -148,13 +149,20 @@ def make_app(upstream: str, *, slow_s: float = 30.0) -> Starlette:
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await client.aclose()
+
     return Starlette(
         routes=[
             Route("/{mode}/v1/chat/completions", chat, methods=["POST"]),
             Route("/{mode}/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
         ],
-        on_shutdown=[client.aclose],
+        lifespan=lifespan,
     )
 
 
