@@ -12,7 +12,7 @@ or backend, an invalid dataset, an unreachable backend, every case failed).
 ``gate`` is pure: reads two run files (``eval.runs``) and a thresholds file, needs no
 model and no server. Exit 0 pass, 1 regression, 2 could not evaluate (a run file or the
 thresholds unreadable or invalid, runs of different datasets, no case in common, a gated
-metric no paired case has).
+metric both runs have only as errors; see `eval.gate`).
 """
 
 from __future__ import annotations
@@ -221,10 +221,15 @@ def _load(suite: str | None, dataset: Path | None, graph: GraphId | None, collec
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def safe_name(name: str) -> str:
+    """``name`` (a suite, alias or backend) as one path component: no separators, no
+    leading or trailing dots (never ``..``); promotion files its runs the same way."""
+    return _UNSAFE.sub("_", name).strip(".") or "_"
+
+
 def _default_path(runs_dir: Path, run: RunFile) -> Path:
     stamp = run.started_at.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
-    name = f"{_UNSAFE.sub('_', run.model)}-{stamp}.json"
-    return runs_dir / _UNSAFE.sub("_", run.suite) / name
+    return runs_dir / safe_name(run.suite) / f"{safe_name(run.model)}-{stamp}.json"
 
 
 def summary_table(run: RunFile) -> str:

@@ -23,12 +23,13 @@ Verdict per metric (all metrics are "higher is better"):
 - ``ok`` otherwise.
 
 Exit codes (:attr:`GateResult.exit_code`): 0 pass, 1 a metric regressed, 2 could not
-evaluate (no case in common, or a metric of the thresholds that no paired case has).
+evaluate (no case in common, or a gated metric both runs have only as errors).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,8 +335,18 @@ def _number(value: float | None, signed: bool = False) -> str:
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
+# Case ids and metric names come from run files and datasets: in the Markdown (a CI job
+# summary) they must stay text, never links, images, HTML, table cells or a forged verdict.
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>!|~])")
+
+
+def _md(text: str) -> str:
+    """``text`` as literal Markdown text on one line: special characters escaped."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+
+
 def _cases(ids: tuple[str, ...], limit: int = 20) -> str:
-    shown = ", ".join(f"`{case}`" for case in ids[:limit])
+    shown = ", ".join(_md(case) for case in ids[:limit])
     return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
 
 
@@ -354,14 +365,14 @@ def render_markdown(result: GateResult) -> str:
     for m in result.metrics:
         interval = "–" if m.ci_low is None else f"[{_number(m.ci_low, True)}, {_number(m.ci_high, True)}]"
         lines.append(
-            f"| {m.metric} | {_number(m.baseline)} | {_number(m.candidate)} | {_number(m.delta, True)} | {interval} "
+            f"| {_md(m.metric)} | {_number(m.baseline)} | {_number(m.candidate)} | {_number(m.delta, True)} | {interval} "
             f"| {m.cases} | {m.baseline_errors}/{m.candidate_errors} | {m.verdict} |"
         )
-    lines += ["", *(f"- **{m.metric}**: {m.verdict}: {m.reason}" for m in result.metrics)]
+    lines += ["", *(f"- **{_md(m.metric)}**: {m.verdict}: {m.reason}" for m in result.metrics)]
     if result.missing_in_candidate:
         lines.append(f"- missing in the candidate ({len(result.missing_in_candidate)}): {_cases(result.missing_in_candidate)}")
     if result.missing_in_baseline:
         lines.append(f"- missing in the baseline ({len(result.missing_in_baseline)}): {_cases(result.missing_in_baseline)}")
     if result.untracked:
-        lines.append(f"- not gated (no threshold): {', '.join(result.untracked)}")
+        lines.append(f"- not gated (no threshold): {', '.join(_md(m) for m in result.untracked)}")
     return "\n".join(lines) + "\n"

@@ -180,6 +180,8 @@ class _EvalKnowledge:
         self._kb: KnowledgeBase | None = None
         self._own_store = False
         self._own_embedder = False
+        self.shared = False
+        """The store is a Qdrant server others write to too (not the eval's own directory)."""
 
     def get(self) -> KnowledgeBase:
         if self._kb is not None:
@@ -196,6 +198,7 @@ class _EvalKnowledge:
             return self._kb
         if settings.knowledge.qdrant_url is not None and shared is not None:
             self._kb = shared  # a Qdrant server: scratch collections under their own names there
+            self.shared = True
             return self._kb
         if shared is not None:
             embedder = shared.embedder
@@ -204,6 +207,7 @@ class _EvalKnowledge:
             self._own_embedder = True
         if settings.knowledge.qdrant_url is not None:
             store = QdrantStore(url=settings.knowledge.qdrant_url, api_key=settings.knowledge.qdrant_api_key)
+            self.shared = True
         else:
             store = QdrantStore(path=settings.eval_runs_dir / "knowledge")
         self._own_store = True
@@ -310,13 +314,24 @@ class ServingCaseRunner:
         documents = [i for i in items if isinstance(i, Document)]
         kb = self.knowledge.get()
         stored = await kb.store.documents(collection) if await kb.store.has_collection(collection) else {}
+        # On a shared Qdrant server the eval writes as its own tenant, so that
+        # ``delete_missing`` can only remove what an eval stored, and it never touches a
+        # collection someone else wrote to (the embedded eval store is the eval's alone).
+        shared = self.knowledge.shared
+        owner = EVAL_TENANT if shared else None
+        foreign = sorted({d.owner or "the operator" for d in stored.values() if d.owner != owner})
+        if shared and foreign:
+            raise KnowledgeError(
+                f"collection {collection!r} holds documents of {', '.join(foreign)}: the eval ingests suite "
+                f"{suite.name!r} only into a collection of its own (pass another --collection)"
+            )
         wanted = {d.id: d for d in documents}
         if stored.keys() == wanted.keys() and all(
             stored[i].version == d.hash and stored[i].source == d.source for i, d in wanted.items()
         ):
             log.info("collection %r already holds the %d documents of suite %s", collection, len(wanted), suite.name)
             return
-        report = await kb.ingest(collection, documents, delete_missing=True)
+        report = await kb.ingest(collection, documents, delete_missing=True, tenant=owner)
         if report.failed:
             raise KnowledgeError(
                 f"suite {suite.name!r}: ingesting its corpus into {collection!r} failed for "
@@ -569,5 +584,9 @@ def build_judge(settings: Settings, gateway: ModelGateway, model: str) -> CaseJu
     configure_deepeval(settings.eval_runs_dir / "deepeval")
     alias, pinned = resolve_model(gateway, model)
     chat_model = gateway.backend_chat_model(pinned) if pinned is not None else gateway.chat_model(alias)
-    json_schema = all(b.capabilities.json_schema for b in backends_of(gateway, model))
-    return Judge.for_model(chat_model, model, json_schema=json_schema)
+    backends = backends_of(gateway, model)
+    json_schema = all(b.capabilities.json_schema for b in backends)
+    # The name says which models judge, not only the alias: a run file's judge must change
+    # when the alias is promoted to another model (stored baselines are matched on it).
+    name = f"{model} -> " + ", ".join(f"{b.id} ({b.model})" for b in backends)
+    return Judge.for_model(chat_model, name, json_schema=json_schema)

@@ -5,6 +5,7 @@ Runs are simulated per case (numpy generators with fixed seeds): the gate sees o
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -301,3 +302,19 @@ def test_the_shipped_thresholds_gate_every_metric(thresholds: Thresholds) -> Non
     assert set(thresholds.metrics) == {*METRICS, *JUDGED_METRICS}
     for threshold in thresholds.metrics.values():
         assert 0 < threshold.floor < 1 and 0 < threshold.max_drop <= 0.1
+
+
+def test_case_ids_and_metric_names_stay_text_in_markdown() -> None:
+    # A CI job summary renders the report: ids from a dataset must not become links,
+    # images, HTML, table cells or a forged verdict line.
+    hostile = "x`\n**Gate: PASS** [a](http://e) ![i](http://e/i.png) <img src=x> |"
+    baseline = {hostile: CaseScore(case_id=hostile, values={FACTS_CONTAINED: 1.0, "evil|metric<b>": 1.0})}
+    thresholds = Thresholds.model_validate({"metrics": {FACTS_CONTAINED: {"floor": 0.0, "max_drop": 0.1}}})
+    other = "y`\n**Gate: PASS**"
+    candidate = {**baseline, other: CaseScore(case_id=other, values={FACTS_CONTAINED: 1.0})}
+    report = render_markdown(compare(baseline, candidate, thresholds))
+    assert report.count("**Gate:") == 1 and "\n**Gate: PASS**" not in report
+    assert not re.search(r"(?<!\\)\]\(", report) and not re.search(r"(?<!\\)<", report)
+    assert "y\\` \\*\\*Gate: PASS\\*\\*" in report  # a case only the candidate has
+    assert "evil\\|metric\\<b\\>" in report
+    assert "facts_contained" in report  # plain names stay readable

@@ -192,7 +192,7 @@ def test_a_judge_that_answers_no_json_is_scored_errors(tmp_path: Path, fake_back
     result = _eval(config, "run", "--dataset", _dataset(tmp_path, CASES[:2]), "--model", "fake-ok", "--judge", "fake-ok", cwd=work)
     assert result.returncode == 0, result.stdout + result.stderr
     run = load_run(_stored(result))
-    assert run.judge == "fake-ok"
+    assert run.judge == "fake-ok -> fake-ok (fake-ok)"  # the alias and the model behind it
     for case in run.cases:
         assert case.values[FACTS_CONTAINED] == 1.0
         assert {"answer_relevancy", "correctness"} <= set(case.errors)

@@ -17,6 +17,7 @@ from eval.run import run_suite
 from eval.runner import CaseRunner
 from eval.runs import load_run, write_run
 from gateway import UnknownModelError
+from knowledge import KnowledgeError
 from serving.eval_runner import cli_host, open_runner, resolve_model, sla_for
 from serving.platform import Platform
 from serving.settings import Settings, load_settings
@@ -241,6 +242,26 @@ async def test_rag_corpus_ingested_once_into_the_eval_store(settings: Settings, 
         assert run.outputs is not None and run.outputs["en-harbor-neap"]["retrieved_ids"][0] == "01-harbor-tides.md"
     unanswerable = next(c for c in suite.cases if c.expect_no_answer)
     assert NO_ANSWER_DETECTED in first.by_case()[unanswerable.id].values
+
+
+async def test_on_a_shared_store_the_eval_writes_as_itself_and_leaves_others_alone(settings: Settings, tmp_path: Path) -> None:
+    # With knowledge.qdrant_url the eval's scratch collections live on a server others write
+    # to; the embedded eval store stands in for it here (marked shared).
+    from serving.eval_runner import EVAL_TENANT, corpus_documents
+
+    suite = load_suite(_tiny_suite(tmp_path))
+    async with _server_side(settings) as (platform, host):
+        async with open_runner(platform, host, "chat-default") as runner:
+            knowledge = runner.knowledge  # type: ignore[attr-defined]
+            kb = knowledge.get()
+            knowledge.shared = True
+            await kb.ingest("team-docs", corpus_documents(suite))  # the operator's own
+            with pytest.raises(KnowledgeError, match="'team-docs' holds documents of the operator"):
+                await runner.ensure_corpus(suite, "team-docs")
+            assert len(await kb.store.documents("team-docs")) == 3  # nothing deleted or taken over
+            await runner.ensure_corpus(suite, "eval-scratch")
+            owners = {d.owner for d in (await kb.store.documents("eval-scratch")).values()}
+            assert owners == {EVAL_TENANT}
 
 
 @pytest.mark.llm
