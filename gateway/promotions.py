@@ -12,7 +12,10 @@ Writers (the server, a CLI with no server running) take an exclusive ``fcntl`` l
 ``promotions.json.lock`` for the read-modify-write and replace the file atomically
 (a temporary file, then a rename), so readers (the server's reload) see the old file or
 the whole new one and two writers never interleave. A promotion records the override it
-replaced and is refused if another writer changed the alias since its evaluation began.
+replaced and is refused if another writer changed the alias since its evaluation began
+(its override, or its history: a rollback and a promotion that land back on the same
+targets still count). A data directory that cannot be written (read-only, full) is a
+`PromotionStoreError` and changes nothing.
 
 A rollback returns the alias to the targets in force before its last promotion that was
 not rolled back yet (promotions stack: promote A, promote B, rollback, rollback is back
@@ -26,7 +29,7 @@ import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -44,8 +47,10 @@ __all__ = [
     "PromotionConflictError",
     "PromotionError",
     "PromotionStore",
+    "PromotionStoreError",
     "PromotionsFile",
     "PromotionsFileError",
+    "promotion_targets",
     "promotions_path",
 ]
 
@@ -67,6 +72,11 @@ class NothingToRollBackError(PromotionError):
 
 class PromotionConflictError(PromotionError):
     """Another writer changed the alias's promotion while this one was being decided."""
+
+
+class PromotionStoreError(PromotionError):
+    """``promotions.json`` cannot be written (a read-only or full data directory, a lock
+    file that cannot be opened): nothing changed."""
 
 
 class PromotionsFileError(RegistryError):
@@ -135,6 +145,56 @@ class PromotionsFile(_Frozen):
 
     format: Literal[1] = 1
     aliases: dict[str, AliasPromotions] = Field(default_factory=dict)
+
+
+def promotion_targets(
+    targets: Sequence[AliasTarget], backend: str, weight: int | None
+) -> tuple[str, tuple[AliasTarget, ...]]:
+    """The baseline a promotion of ``backend`` is gated against, and the alias's targets
+    after it.
+
+    The baseline is the heaviest target taking traffic other than ``backend`` (the first of
+    equals): the alias's primary, or, when ``backend`` is already a canary target, the
+    heaviest of the others, so a canary at any weight (60% makes it the primary) can be
+    finished by promoting it again.
+
+    After: with no ``weight`` (or 100), ``backend`` alone at 100. With ``weight`` W,
+    ``backend`` at W and every other target kept, their weights scaled in proportion to
+    100-W (largest remainders, so the weights sum to 100): ``[a 60, c 40]`` with b at 50 is
+    ``[a 30, c 20, b 50]``. A target whose share rounds to 0 stays listed at weight 0
+    (drained), so a rollback or a later promotion still sees it; so do drained targets.
+    ``backend`` keeps its place when it was a target, else it comes last.
+
+    Raises:
+        ValueError: ``backend`` already takes all the traffic, or already has share W.
+    """
+    weighted = [t for t in targets if t.weight > 0]
+    others = [t for t in weighted if t.backend != backend]
+    if not others:
+        raise ValueError(f"backend {backend!r} is already the primary target (it takes all the traffic)")
+    baseline = max(others, key=lambda t: t.weight).backend  # max keeps the first of equals
+    if weight is None or weight == 100:
+        return baseline, (AliasTarget(backend=backend, weight=100),)
+    total = sum(t.weight for t in weighted)
+    mine = sum(t.weight for t in weighted if t.backend == backend)
+    if mine * 100 == weight * total:
+        raise ValueError(f"backend {backend!r} already has {weight}% of the traffic")
+    rest = 100 - weight
+    others_total = sum(t.weight for t in others)
+    exact = {t.backend: t.weight * rest / others_total for t in others}
+    scaled = {name: int(share) for name, share in exact.items()}
+    # Largest remainders get the points lost to rounding down (the first of equals first).
+    order = sorted(exact, key=lambda name: -(exact[name] - scaled[name]))
+    for name in order[: rest - sum(scaled.values())]:
+        scaled[name] += 1
+    after: list[AliasTarget] = []
+    for t in targets:
+        if t.backend == backend:
+            continue
+        after.append(AliasTarget(backend=t.backend, weight=scaled.get(t.backend, 0)))
+    place = next((i for i, t in enumerate(targets) if t.backend == backend), len(after))
+    after.insert(min(place, len(after)), AliasTarget(backend=backend, weight=weight))
+    return baseline, tuple(after)
 
 
 class PromotionStore:
@@ -207,13 +267,25 @@ class PromotionStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock_path.open("a") as lock:
+        """The exclusive lock for a read-modify-write; an `OSError` of the lock or the
+        write (a read-only or full data directory) is a `PromotionStoreError`."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = self._lock_path.open("a")
+        except OSError as exc:
+            raise PromotionStoreError(self._cannot(exc)) from None
+        with lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 yield
+            except OSError as exc:
+                raise PromotionStoreError(self._cannot(exc)) from None
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _cannot(self, exc: OSError) -> str:
+        where = exc.filename or self.path
+        return f"cannot write the promotions file {self.path} ({where}: {exc.strerror or exc}); nothing changed"
 
     def _write(self, content: PromotionsFile) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
@@ -232,6 +304,7 @@ class PromotionStore:
         alias: str,
         *,
         expected_override: tuple[AliasTarget, ...] | None,
+        expected_seq: int | None = None,
         from_targets: tuple[AliasTarget, ...],
         to_targets: tuple[AliasTarget, ...],
         by: str,
@@ -248,16 +321,20 @@ class PromotionStore:
         Args:
             expected_override: the alias's promoted targets when the decision began; if the
                 file says otherwise now, another writer got there first.
+            expected_seq: the number of the alias's history entries when the decision
+                began (None: not checked); more now means another writer got there first,
+                even if the targets came back to ``expected_override``.
             check: called with the new file's aliases before it is written (the server
                 checks the registry it makes); raising there writes nothing.
 
         Raises:
             PromotionConflictError: the alias changed since ``expected_override`` was read.
+            PromotionStoreError: the file cannot be written (nothing changed).
         """
         with self._locked():
             content = self.load()
             current = content.aliases.get(alias, AliasPromotions())
-            if current.targets != expected_override:
+            if current.targets != expected_override or (expected_seq is not None and len(current.history) != expected_seq):
                 raise PromotionConflictError(
                     f"alias {alias!r} was promoted or rolled back by someone else while this promotion was "
                     "being evaluated; nothing changed: look at its history and try again"
@@ -296,6 +373,7 @@ class PromotionStore:
 
         Raises:
             NothingToRollBackError: the alias has no promotion left to roll back.
+            PromotionStoreError: the file cannot be written (nothing changed).
         """
         with self._locked():
             content = self.load()

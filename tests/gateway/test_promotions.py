@@ -1,12 +1,15 @@
 """The promotions file (gateway/promotions.py): promoted targets replace only an alias's
-targets, rollbacks undo promotions last first, a conflicting writer is refused, an entry
-naming a backend the registry no longer has is an error naming it, and writes are atomic
-under a lock (two processes appending at once lose nothing)."""
+targets, rollbacks undo promotions last first, a conflicting writer is refused (also after
+a round trip back to the same targets), an entry naming a backend the registry no longer
+has is an error naming it, writes are atomic under a lock (two processes appending at once
+lose nothing) and an unwritable directory is a `PromotionStoreError`; what a promotion's
+targets become (canaries of several targets, finishing a canary)."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,9 @@ from gateway.promotions import (
     NothingToRollBackError,
     PromotionConflictError,
     PromotionStore,
+    PromotionStoreError,
     PromotionsFileError,
+    promotion_targets,
     promotions_path,
 )
 from gateway.registry import Backend
@@ -156,3 +161,77 @@ def test_two_processes_lose_no_entry(tmp_path: Path) -> None:
     history = PromotionStore(path).history("main")
     assert [e.seq for e in history] == list(range(1, 51))
     assert not list(path.parent.glob(".*.tmp"))
+
+
+def _t(**weights: int) -> tuple[AliasTarget, ...]:
+    return tuple(AliasTarget(backend=name, weight=weight) for name, weight in weights.items())
+
+
+def test_promotion_targets_baseline_and_after() -> None:
+    # A plain promotion and a canary of a new backend: the primary is the baseline.
+    assert promotion_targets(_t(a=100), "b", None) == ("a", _t(b=100))
+    assert promotion_targets(_t(a=100), "b", 30) == ("a", _t(a=70, b=30))
+    # A canary at 60% makes b the primary; promoting b again finishes it against a.
+    assert promotion_targets(_t(a=40, b=60), "b", None) == ("a", _t(b=100))
+    assert promotion_targets(_t(a=40, b=60), "b", 80) == ("a", _t(a=20, b=80))
+    assert promotion_targets(_t(a=40, b=60), "b", 100) == ("a", _t(b=100))
+    # Several targets: the others keep their proportions of 100-W, nothing is dropped.
+    assert promotion_targets(_t(a=60, c=40), "b", 50) == ("a", _t(a=30, c=20, b=50))
+    assert promotion_targets(_t(a=1, c=1, d=1), "b", 50) == ("a", _t(a=17, c=17, d=16, b=50))
+    # A share that rounds to 0 stays listed, drained; so does a drained target.
+    assert promotion_targets(_t(a=98, c=1, e=0), "b", 90) == ("a", _t(a=10, c=0, e=0, b=90))
+    # Equal others: the first is the baseline.
+    assert promotion_targets(_t(a=50, c=50), "b", None)[0] == "a"
+    with pytest.raises(ValueError, match="already the primary target"):
+        promotion_targets(_t(b=100), "b", None)
+    with pytest.raises(ValueError, match="already the primary target"):
+        promotion_targets(_t(b=100, a=0), "b", 50)
+    with pytest.raises(ValueError, match="already has 60% of the traffic"):
+        promotion_targets(_t(a=4, b=6), "b", 60)
+
+
+def test_a_writer_is_refused_after_a_round_trip(tmp_path: Path) -> None:
+    """A promotion and a rollback in between that land back on the same override: the
+    history says someone else wrote, so the stale writer is still refused."""
+    store = PromotionStore(promotions_path(tmp_path))
+    _promote(store, (B,), backend="b", expected=None)
+    seen = store.alias("main")
+    _promote(store, (C,), backend="c", expected=(B,), from_=(B,))
+    store.record_rollback("main", current_targets=(C,), by="test")
+    assert store.alias("main").targets == seen.targets  # (b) again
+    before = store.path.read_bytes()
+    with pytest.raises(PromotionConflictError, match="someone else"):
+        store.record_promotion("main", expected_override=seen.targets, expected_seq=len(seen.history), from_targets=(B,),
+                               to_targets=(C,), by="t", backend="c", weight=None)
+    assert store.path.read_bytes() == before
+
+
+def test_an_unwritable_store_is_a_store_error(tmp_path: Path) -> None:
+    """A data directory that cannot be written: `PromotionStoreError` naming the file,
+    nothing written. Simulated with the lock file's path taken by a directory, because
+    a read-only ``chmod`` does not stop root (these tests may run as root)."""
+    store = PromotionStore(promotions_path(tmp_path))
+    _promote(store, (B,), backend="b", expected=None)
+    before = store.path.read_bytes()
+    lock = store.path.with_name(store.path.name + ".lock")
+    lock.unlink()
+    lock.mkdir()
+    with pytest.raises(PromotionStoreError, match=r"cannot write the promotions file .*promotions\.json.*nothing changed"):
+        _promote(store, (C,), backend="c", expected=(B,), from_=(B,))
+    with pytest.raises(PromotionStoreError, match="nothing changed"):
+        store.record_rollback("main", current_targets=(B,), by="test")
+    assert store.path.read_bytes() == before
+    assert store.alias("main").targets == (B,)  # reading still works
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory; see the test above")
+def test_a_read_only_directory_is_a_store_error(tmp_path: Path) -> None:
+    store = PromotionStore(promotions_path(tmp_path))
+    _promote(store, (B,), backend="b", expected=None)
+    store.path.parent.chmod(0o555)
+    try:
+        with pytest.raises(PromotionStoreError, match="nothing changed"):
+            _promote(store, (C,), backend="c", expected=(B,), from_=(B,))
+    finally:
+        store.path.parent.chmod(0o755)
+    assert store.alias("main").targets == (B,)
