@@ -42,6 +42,7 @@ from gateway.promotions import (
     PromotionConflictError,
     PromotionError,
     PromotionStore,
+    PromotionStoreError,
     promotions_path,
 )
 from serving.deps import PrincipalDep, require_key
@@ -49,9 +50,9 @@ from serving.errors import ServingError
 from serving.platform import Platform
 from serving.promotion import (
     Check,
-    EvaluationFailedError,
     GateRefusedError,
     Promoter,
+    PromotionUnavailableError,
     UnknownAliasError,
     serving_evaluate,
 )
@@ -302,7 +303,10 @@ class SuiteGateOut(BaseModel):
     baseline_run: str
     candidate_run: str
     baseline_reused: bool
-    """The baseline was a stored run of the current primary on the same dataset."""
+    """The baseline was a stored run of the baseline backend on the same dataset."""
+    baseline_rerun: str | None = None
+    """A stored baseline run set aside because the gate could not compare it (exit 2);
+    the baseline then ran again."""
     reports: list[str]
     metrics: list[dict[str, Any]]
     """Each gated metric: baseline, candidate, delta, interval, verdict, reason."""
@@ -402,21 +406,27 @@ def _by(principal: Any) -> str:
     return f"tenant {principal.tenant}"
 
 
-def _refused(exc: PromotionError | RegistryError) -> ServingError:
+def _refused(exc: PromotionError | RegistryError | OSError) -> ServingError:
+    """The promotion errors as HTTP: 404 unknown alias, 409 a conflict or nothing to roll
+    back, 503 what cannot run or be written now (an unreachable backend, a read-only or
+    full data directory: nothing changed), 400 the rest (a bad request, an invalid registry)."""
     if isinstance(exc, UnknownAliasError):
         return ServingError(404, str(exc))
     if isinstance(exc, (PromotionConflictError, NothingToRollBackError)):
         return ServingError(409, str(exc))
-    if isinstance(exc, EvaluationFailedError):
+    if isinstance(exc, (PromotionUnavailableError, PromotionStoreError)):
         return ServingError(503, str(exc))
+    if isinstance(exc, OSError):
+        # Not expected (the store and the promoter name theirs), but never a 500.
+        return ServingError(503, f"a file could not be read or written ({exc.filename or ''}: {exc.strerror or exc}); nothing changed")
     return ServingError(400, str(exc))
 
 
 _PROMOTE_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "An unknown backend, a bad weight, no suite for the alias, or an invalid registry"},
     404: {"description": "No such alias"},
-    409: {"description": "Another promotion or rollback of the alias is running, or the alias changed meanwhile"},
-    503: {"description": "The evaluation could not run (nothing changed)"},
+    409: {"description": "Another promotion of the alias is running, or the alias changed meanwhile (e.g. rolled back during the evaluation)"},
+    503: {"description": "The evaluation could not run (an unreachable candidate or baseline), or a file cannot be read or written (nothing changed)"},
     422: {
         "model": PromotionRefusedOut,
         "description": "The eval gate refused the candidate, nothing changed (the verdicts and `detail`); or an invalid body",
@@ -437,7 +447,7 @@ async def promote_model(alias: str, body: PromoteRequest, request: Request, prin
     except GateRefusedError as exc:
         refused = PromotionOut.model_validate({**exc.outcome.to_json(), "targets": _targets_now(request, alias)})
         return JSONResponse({"detail": str(exc), **refused.model_dump(mode="json")}, status_code=422)
-    except (PromotionError, RegistryError) as exc:
+    except (PromotionError, RegistryError, OSError) as exc:
         raise _refused(exc) from None
     return PromotionOut.model_validate({**outcome.to_json(), "targets": _targets_now(request, alias)})
 
@@ -447,17 +457,20 @@ async def promote_model(alias: str, body: PromoteRequest, request: Request, prin
     response_model=RollbackOut,
     responses={
         404: {"description": "No such alias"},
-        409: {"description": "Nothing to roll back, or a promotion of the alias is running"},
+        409: {"description": "Nothing to roll back"},
         400: {"description": "The models file is invalid or lacks the backends to return to"},
+        503: {"description": "promotions.json cannot be written (nothing changed)"},
         **_AUTH_ERRORS,
     },
 )
 async def rollback_model(alias: str, request: Request, principal: PrincipalDep) -> RollbackOut:
-    """Return the alias to the targets before its last promotion, at once (no evaluation)."""
+    """Return the alias to the targets before its last promotion, at once (no evaluation);
+    a promotion of the alias that is evaluating does not hold it up (that promotion is
+    refused with 409 when it tries to commit)."""
     _admin(principal)
     try:
         entry = await _promoter(request).rollback(alias, by=_by(principal))
-    except (PromotionError, RegistryError) as exc:
+    except (PromotionError, RegistryError, OSError) as exc:
         raise _refused(exc) from None
     return RollbackOut(alias=alias, entry=_entry_out(entry), targets=_targets_now(request, alias))
 
@@ -474,6 +487,6 @@ async def model_history(alias: str, request: Request, principal: PrincipalDep) -
     try:
         entries = await asyncio.to_thread(promoter.history, alias)
         promoted = (await asyncio.to_thread(promoter.store.alias, alias)).targets is not None
-    except (PromotionError, RegistryError) as exc:
+    except (PromotionError, RegistryError, OSError) as exc:
         raise _refused(exc) from None
     return HistoryOut(alias=alias, promoted=promoted, entries=[_entry_out(e) for e in entries])

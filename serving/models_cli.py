@@ -22,13 +22,13 @@ import httpx
 import typer
 
 from eval.report import render_gate_html
-from gateway import Backend, load_registry
+from gateway import Backend, UnknownModelError, load_registry
 from gateway.local import start_backend, stop_backend
 from gateway.registry import LocalLaunch
 from gateway.promotions import PromotionsFileError, PromotionStore, promotions_path
 from serving.audit import AuditLog, load_key
 from serving.errors import ServingError
-from serving.eval_runner import cli_host
+from serving.eval_runner import backends_of, cli_host
 from serving.platform import Platform
 from serving.promotion import GateRefusedError, Promoter, file_commit, serving_evaluate
 from serving.settings import Settings
@@ -76,8 +76,8 @@ async def _local_promoter(settings: Settings, *, evaluating: tuple[str, str] | N
 
     Args:
         evaluating: (alias, candidate backend) of a promotion: the managed local backends
-            they use are started if they are not running, and stopped afterwards (as
-            ``serve`` and ``eval run`` do).
+            they and the judge (``eval.judge``) use are started if they are not running,
+            and stopped afterwards (as ``serve`` and ``eval run`` do).
     """
     store = PromotionStore(promotions_path(settings.data_dir))
     platform = Platform.build(settings)
@@ -95,6 +95,12 @@ async def _local_promoter(settings: Settings, *, evaluating: tuple[str, str] | N
             managed = registry.managed_backends(iter([alias]))
             if candidate in registry.backends and isinstance(registry.backends[candidate].launch, LocalLaunch):
                 managed.append(registry.backends[candidate])
+            judge = settings.eval.judge
+            if judge is not None:
+                try:
+                    managed += [b for b in backends_of(platform.gateway, judge) if isinstance(b.launch, LocalLaunch)]
+                except UnknownModelError:
+                    pass  # the promotion refuses it (503, naming the judge) when it builds the judge
             for backend in {b.id: b for b in managed}.values():
                 status = await asyncio.to_thread(start_backend, backend, settings.data_dir, llama_server=settings.gateway.llama_server)
                 typer.echo(status.describe(), err=True)
@@ -115,12 +121,26 @@ async def _local_promoter(settings: Settings, *, evaluating: tuple[str, str] | N
                     render_html=render_gate_html,
                 )
         finally:
-            audit.close()
+            try:
+                audit.close()
+            except OSError as exc:  # whatever was promoted stays promoted: say so, do not fail
+                typer.secho(f"error: the audit log {settings.audit_path} could not be closed: {exc}", fg=typer.colors.RED, err=True)
     finally:
         await platform.aclose()
         for backend in started:
             typer.echo(f"stopping local backend {backend.id}", err=True)
             stop_backend(backend, settings.data_dir)
+
+
+def _run_locally(work: Any) -> Any:
+    """``asyncio.run(work)``; a data directory that cannot be read or written (read-only,
+    full) ends the command with a line naming it, never a traceback."""
+    try:
+        return asyncio.run(work)
+    except OSError as exc:
+        raise ServingError(
+            503, f"a file could not be read or written ({exc.filename or ''}: {exc.strerror or exc}); nothing changed"
+        ) from None
 
 
 def _by() -> str:
@@ -198,7 +218,7 @@ def promote(
                     return True, exc.outcome.to_json(), str(exc)
                 return False, done.to_json(), ""
 
-        refused, outcome, message = asyncio.run(local())
+        refused, outcome, message = _run_locally(local())
     _print_outcome(outcome)
     if refused:
         typer.secho(message, fg=typer.colors.RED, err=True)
@@ -221,7 +241,7 @@ def rollback(ctx: typer.Context, alias: AliasArg, api_key: ApiKeyOption = None) 
             async with _local_promoter(env.settings) as promoter:
                 return (await promoter.rollback(alias, by=_by())).model_dump(mode="json")
 
-        entry = asyncio.run(local())
+        entry = _run_locally(local())
     typer.echo(
         f"alias {alias} rolled back (#{entry['seq']}, undoing #{entry['rolls_back']}): "
         f"[{_targets(entry['from_targets'])}] -> [{_targets(entry['to_targets'])}]"

@@ -16,6 +16,14 @@ runs through the server's chat graph and run host on each backend alone.
   back is 409 naming it; unknown backend 400, unknown alias 404; a tenant that is not an
   admin is 403; ``promotions.json`` naming a backend the models file dropped is a refused
   reload (the running registry stays).
+- A rollback during a promotion's evaluation (a slow candidate) answers at once, and the
+  promotion is then refused with 409, nothing written.
+- A canary at 60% (of an alias with two targets: the third is kept, scaled) is finished
+  by promoting its backend again, against the heaviest other target.
+- A stored baseline with failed cases is not reused; one the gate cannot compare (it
+  predates the SLA) is run again.
+- An unreachable candidate, an unreachable baseline with nothing stored, and an unwritable
+  promotions file are 503 and change nothing.
 - The CLI (``switchyard models ...``) through the running server, and in-process with none.
 """
 
@@ -35,7 +43,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, SWITCHYARD, create_key
+from tests.fakes.openai_backend import free_port
 from tests.gateway.traffic import (
+    backend_entry,
     gateway_config,
     openai_complete,
     openai_stream,
@@ -80,9 +90,17 @@ def backends(tmp_path: Path) -> Iterator[dict[str, ScriptedBackend]]:
         yield {"a": a, "b": b, "empty": empty}
 
 
-def _config(tmp: Path, backends: dict[str, ScriptedBackend], **extra: Any) -> dict[str, Any]:
-    models = write_models(tmp / "models.yaml", backends, MAIN)
-    return {**gateway_config(models, {"chat": "main"}, reload_check_s=0.5), "eval": {"suites": {"main": [str(_suite(tmp))], "spare": [str(tmp / "no-such-suite")]}}, **extra}
+def _config(
+    tmp: Path, backends: dict[str, ScriptedBackend], aliases: dict[str, Any] = MAIN, *,
+    extra_backends: dict[str, Any] | None = None, **extra: Any,
+) -> dict[str, Any]:
+    models = write_models(tmp / "models.yaml", backends, aliases, extra_backends=extra_backends)
+    suite = str(_suite(tmp))
+    return {
+        **gateway_config(models, {"chat": "main"}, reload_check_s=0.5),
+        "eval": {"suites": {"main": [suite], "spare": [str(tmp / "no-such-suite")], "other": [suite]}},
+        **extra,
+    }
 
 
 def _client(url: str, **headers: str) -> httpx.AsyncClient:
@@ -319,4 +337,138 @@ async def test_an_evaluation_that_cannot_run_refuses(tmp_path: Path, backends: d
             assert (await client.get("/admin/models/main/history")).json()["entries"] == []
     [record] = _of(_audit(server.data_dir), "model_promotion_refused")
     assert "no-such-judge" in record["error"]
+    assert failed_requests(server.data_dir / "audit" / "audit.jsonl", allowed=frozenset({503})) == []
+
+
+def _runs(records: list[dict[str, Any]]) -> int:
+    return sum(r["type"] == "run" for r in records)
+
+
+async def test_a_rollback_during_an_evaluation_wins(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    """The rollback does not wait for a promotion that is evaluating (a slow candidate);
+    the promotion then finds the alias changed when it commits: 409, nothing written."""
+    with running_scripted_backend(tmp_path, delay_ms=250, tokens=8) as slow:
+        config = _config(tmp_path, {**backends, "slow": slow})
+        with running_server(tmp_path, config) as server:
+            async with _client(server.url) as client:
+                assert (await client.post("/admin/models/main/promote", json={"backend": "b"})).status_code == 200
+                runs_before = _runs(_audit(server.data_dir))
+                promoting = asyncio.ensure_future(client.post("/admin/models/main/promote", json={"backend": "slow"}))
+                deadline = time.monotonic() + 60
+                while _runs(_audit(server.data_dir)) == runs_before:  # the slow candidate runs its cases
+                    assert not promoting.done(), promoting.result().text
+                    assert time.monotonic() < deadline, "the promotion ran no case within 60 s"
+                    await asyncio.sleep(0.05)
+                rolled = await client.post("/admin/models/main/rollback")
+                assert rolled.status_code == 200, rolled.text
+                assert not promoting.done(), "the rollback waited for the evaluation"
+                assert rolled.json()["targets"] == [{"backend": "a", "weight": 100}]
+                assert await _backends_of(client) == {"a"}
+                refused = await promoting
+                assert refused.status_code == 409 and "someone else" in refused.json()["detail"], refused.text
+                assert await _served_targets(client) == [("a", 100)]
+                history = (await client.get("/admin/models/main/history")).json()
+                assert [(e["action"], e["backend"]) for e in history["entries"]] == [("promote", "b"), ("rollback", None)]
+                assert history["promoted"] is False
+    records = _audit(server.data_dir)
+    assert [r["backend"] for r in _of(records, "model_promoted")] == ["b"]
+    [refusal] = _of(records, "model_promotion_refused")
+    assert refusal["backend"] == "slow" and "someone else" in refusal["error"]
+    assert failed_requests(server.data_dir / "audit" / "audit.jsonl") == []
+
+
+async def test_a_canary_of_several_targets_is_finished(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    """``main`` is [a 60, empty 40]: a canary of b at 60% keeps ``empty``, scaled; b is then
+    the primary, and promoting it again (against a, the heaviest other) finishes it."""
+    aliases = {**MAIN, "main": {**MAIN["main"], "targets": targets(a=60, empty=40)}}
+    with running_server(tmp_path, _config(tmp_path, backends, aliases)) as server:
+        async with _client(server.url) as client:
+            canary = await client.post("/admin/models/main/promote", json={"backend": "b", "weight": 60})
+            assert canary.status_code == 200, canary.text
+            assert await _served_targets(client) == [("a", 24), ("empty", 16), ("b", 60)]
+            finished = await client.post("/admin/models/main/promote", json={"backend": "b"})
+            assert finished.status_code == 200, finished.text
+            assert finished.json()["suites"][0]["baseline_reused"] is True  # a's run of the canary
+            assert "/a-" in finished.json()["suites"][0]["baseline_run"]
+            assert await _served_targets(client) == [("b", 100)]
+            again = await client.post("/admin/models/main/promote", json={"backend": "b"})
+            assert again.status_code == 400 and "already the primary" in again.json()["detail"], again.text
+            rolled = await client.post("/admin/models/main/rollback")
+            assert rolled.json()["targets"] == [{"backend": "a", "weight": 24}, {"backend": "empty", "weight": 16}, {"backend": "b", "weight": 60}]
+    promoted = _of(_audit(server.data_dir), "model_promoted")
+    assert [(r["weight"], r["baseline"]) for r in promoted] == [(60, "a"), (None, "a")]
+
+
+async def test_a_stored_baseline_is_reused_only_when_sound(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    """A stored run of the baseline with failed cases is not reused; one the gate cannot
+    compare with the candidate's (it predates the alias's SLA: no ``latency_within``) is
+    set aside and the baseline runs again."""
+    with running_server(tmp_path, _config(tmp_path, backends)) as server:
+        async with _client(server.url) as client:
+
+            async def promote_and_roll_back() -> dict[str, Any]:
+                promoted = await client.post("/admin/models/main/promote", json={"backend": "b"})
+                assert promoted.status_code == 200, promoted.text
+                assert (await client.post("/admin/models/main/rollback")).status_code == 200
+                [suite] = promoted.json()["suites"]
+                return suite
+
+            first = await promote_and_roll_back()
+            stored = Path(first["baseline_run"])
+            run = json.loads(stored.read_text())
+            # A run where the baseline was down for one case.
+            run["timings"]["failed_cases"] = 1
+            case = run["cases"][0]
+            case["values"] = dict.fromkeys(case["values"])
+            case["errors"] = dict.fromkeys(case["values"], "the run failed: ConnectError")
+            stored.write_text(json.dumps(run))
+            second = await promote_and_roll_back()
+            assert second["baseline_reused"] is False and second["baseline_run"] != str(stored), second
+            assert second["passed"]
+
+            # A sound run of a, written before the alias had an SLA.
+            fresh = Path(second["baseline_run"])
+            run = json.loads(fresh.read_text())
+            for case in run["cases"]:
+                case["values"].pop("latency_within")
+            fresh.write_text(json.dumps(run))
+            third = await promote_and_roll_back()
+            assert third["passed"] and third["baseline_reused"] is False, third
+            assert third["baseline_rerun"] == str(fresh) and third["baseline_run"] not in (str(fresh), str(stored))
+            report = Path(next(p for p in third["reports"] if p.endswith(".md"))).read_text()
+            assert "set aside" in report
+
+
+async def test_what_cannot_run_or_be_written_is_503(tmp_path: Path, backends: dict[str, ScriptedBackend]) -> None:
+    """An unreachable candidate (a dead port), an unreachable baseline with no stored run,
+    and a promotions file that cannot be written: 503 naming why, nothing changed, audited."""
+    dead = {"dead": {**backend_entry(backends["a"]), "base_url": f"http://127.0.0.1:{free_port()}/v1"}}
+    aliases = {**MAIN, "other": {"targets": targets(dead=100), "fallbacks": []}}
+    config = _config(tmp_path, backends, aliases, extra_backends=dead)
+    with running_server(tmp_path, config) as server:
+        async with _client(server.url) as client:
+            unreachable = await client.post("/admin/models/main/promote", json={"backend": "dead"})
+            assert unreachable.status_code == 503, unreachable.text
+            assert "candidate backend 'dead' is unreachable" in unreachable.json()["detail"]
+            no_baseline = await client.post("/admin/models/other/promote", json={"backend": "b"})
+            assert no_baseline.status_code == 503, no_baseline.text
+            assert "baseline backend 'dead' is unreachable" in no_baseline.json()["detail"]
+
+            # promotions.json cannot be written (its lock's path is taken by a directory:
+            # chmod does not stop root, and these tests may run as root).
+            lock = server.data_dir / "gateway" / "promotions.json.lock"
+            lock.mkdir(parents=True)
+            unwritable = await client.post("/admin/models/main/promote", json={"backend": "b"})
+            assert unwritable.status_code == 503, unwritable.text
+            assert "cannot write the promotions file" in unwritable.json()["detail"]
+            assert (await client.post("/admin/models/main/rollback")).status_code == 503
+            assert await _served_targets(client) == [("a", 100)]
+            assert await _backends_of(client) == {"a"}
+            assert (await client.get("/admin/models/main/history")).json()["entries"] == []
+            lock.rmdir()
+            assert (await client.post("/admin/models/main/promote", json={"backend": "b"})).status_code == 200
+    assert not list((server.data_dir / "eval" / "runs" / "tiny").glob("dead-*.json"))  # the dead candidate never ran
+    refusals = _of(_audit(server.data_dir), "model_promotion_refused")
+    assert [r["backend"] for r in refusals] == ["dead", "b", "b"]
+    assert "unreachable" in refusals[0]["error"] and "cannot write" in refusals[2]["error"]
     assert failed_requests(server.data_dir / "audit" / "audit.jsonl", allowed=frozenset({503})) == []
