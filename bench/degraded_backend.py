@@ -16,7 +16,7 @@ each its own backend (``base_url: http://127.0.0.1:PORT/<mode>/v1``):
 - ``short``: forwarded with ``max_tokens`` forced to 5 (``max_completion_tokens`` dropped).
 
 Streaming and non-streaming both work; ``GET /<mode>/v1/models`` lists the upstream's models;
-``GET /health`` answers 200.
+``GET /health`` and ``GET /<mode>/health`` answer 200.
 
 Usage::
 
@@ -161,6 +161,7 @@ def make_app(upstream: str, *, slow_s: float = 30.0) -> Starlette:
             Route("/{mode}/v1/chat/completions", chat, methods=["POST"]),
             Route("/{mode}/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/{mode}/health", health, methods=["GET"]),  # what the gateway's probe asks
         ],
         lifespan=lifespan,
     )

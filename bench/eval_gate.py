@@ -120,6 +120,27 @@ def _gate(settings: Path, baseline: Path, candidate: Path, report: Path, env: di
     return {"exit": result.returncode, "regressed": decided, "stderr": result.stderr[-500:] if result.returncode == 2 else ""}
 
 
+def _subset(name: str, count: int, root: Path) -> str:
+    """A copy of suite ``name`` with ``count`` of its cases, evenly spaced (so English,
+    Chinese and unanswerable cases keep their shares), its corpus by absolute path."""
+    from eval.datasets import load_suite
+
+    suite = load_suite(name)
+    step = max(1, len(suite.cases) // count)
+    picked = {case.id for case in suite.cases[::step][:count]}
+    directory = root / f"{suite.name}-{count}"
+    directory.mkdir()
+    config = yaml.safe_load((suite.directory / "suite.yaml").read_text(encoding="utf-8"))
+    config["name"] = f"{suite.name}-{count}"
+    if suite.corpus is not None:
+        config["corpus"] = str(suite.corpus.resolve())
+    (directory / "suite.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    lines = (suite.directory / "cases.jsonl").read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line)["id"] in picked]
+    (directory / "cases.jsonl").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    return str(directory)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="chat", help="the suite to run (eval/datasets/<name> or a directory)")
@@ -130,6 +151,7 @@ def main() -> None:
     parser.add_argument("--slow-s", type=float, default=6.0, help="the slow candidate's delay (above --sla-ttft)")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--keep", type=Path, help="copy the run files and gate reports here")
+    parser.add_argument("--cases", type=int, help="run an evenly spaced subset of this many of the suite's cases")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in EXPECT]
@@ -153,14 +175,15 @@ def main() -> None:
         try:
             _wait_http(f"http://127.0.0.1:{proxy_port}/health", proxy)
             settings = _write_config(root, local.base_url, proxy_port, args.sla_ttft, args.sla_total)
+            suite = _subset(args.suite, args.cases, root) if args.cases else args.suite
             baseline = root / "baseline.json"
-            timings["baseline"].append(_run(settings, args.suite, "local", baseline, env))
+            timings["baseline"].append(_run(settings, suite, "local", baseline, env))
             print(f"baseline: {timings['baseline'][0]:.0f}s", flush=True)
             for repeat in range(args.repeats):
                 for mode in modes:
                     model = "local" if mode == "rerun" else f"degraded-{mode}"
                     candidate = root / f"{mode}-{repeat}.json"
-                    timings.setdefault(mode, []).append(_run(settings, args.suite, model, candidate, env))
+                    timings.setdefault(mode, []).append(_run(settings, suite, model, candidate, env))
                     outcome = _gate(settings, baseline, candidate, root / f"{mode}-{repeat}.gate.json", env)
                     results[mode].append(outcome)
                     print(f"repeat {repeat + 1} {mode}: exit {outcome['exit']} {outcome['regressed']}", flush=True)
@@ -188,7 +211,7 @@ def main() -> None:
     if not args.no_save:
         out = REPO / "bench" / "results" / f"eval-gate-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
         out.write_text(json.dumps({
-            "suite": args.suite, "repeats": args.repeats, "sla": {"ttft_s": args.sla_ttft, "total_s": args.sla_total},
+            "suite": args.suite, "cases": args.cases, "repeats": args.repeats, "sla": {"ttft_s": args.sla_ttft, "total_s": args.sla_total},
             "slow_s": args.slow_s, "results": results, "run_seconds": timings, "table": table,
         }, indent=2) + "\n")
         print(f"wrote {out}")
