@@ -15,6 +15,7 @@ from knowledge.errors import (
     KnowledgeError,
     StoreLockedError,
     UnknownCollectionError,
+    VectorStoreError,
 )
 from knowledge.knowledge_base import KnowledgeBase, build_embedder, open_knowledge
 from knowledge.models import Chunk, Document, IngestReport, SearchHit, check_document_id
@@ -52,6 +53,7 @@ __all__ = [
     "StoreLockedError",
     "StoredDocument",
     "UnknownCollectionError",
+    "VectorStoreError",
     "VectorStore",
     "build_embedder",
     "check_document_id",

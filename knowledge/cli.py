@@ -1,9 +1,9 @@
-"""``switchyard ingest`` and ``switchyard search``.
+"""``switchyard ingest``, ``switchyard search`` and ``switchyard knowledge migrate|optimize``.
 
 Mounted by ``serving/cli.py``, which puts an object satisfying `KnowledgeCliEnv` in
 the Typer context and turns `KnowledgeError` into a one-line message and exit status 1.
 
-Qdrant's local mode allows one process per data directory. When a Switchyard server
+The embedded store allows one process per data directory. When a Switchyard server
 holds it, these commands send their work through that server's HTTP API (found in
 ``<data_dir>/run/server.json``, which the server writes when it starts; an API key is
 read from ``SWITCHYARD_API_KEY``); if no server is registered, they say which
@@ -19,6 +19,7 @@ every document ``--delete-missing`` would remove has an id the server can take.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -36,10 +37,12 @@ from knowledge.errors import DocumentParseError, InvalidDocumentIdError, Knowled
 from knowledge.ingestion.loaders import discover, load_file
 from knowledge.ingestion.pipeline import same_source
 from knowledge.knowledge_base import KnowledgeBase
+from knowledge.migrate import migrate_collection
 from knowledge.models import Document, IngestReport, check_document_id
-from knowledge.vectorstore.qdrant import valid_collection_name
+from knowledge.vectorstore.base import valid_collection_name
+from knowledge.vectorstore.qdrant import QdrantStore
 
-__all__ = ["KnowledgeCliEnv", "ingest", "search"]
+__all__ = ["KnowledgeCliEnv", "ingest", "knowledge_app", "search"]
 
 _UPLOAD_BYTES = 512 * 1024
 """Documents per upload request, by JSON size: under the server's default body limit."""
@@ -54,6 +57,10 @@ class KnowledgeCliEnv(Protocol):
 
     def server_url(self) -> str | None:
         """The URL of the Switchyard server running on this data directory, if any."""
+        ...
+
+    def legacy_store_path(self) -> Path:
+        """Where earlier versions kept the embedded store (qdrant-client's local mode)."""
         ...
 
 
@@ -101,9 +108,16 @@ def ingest(
                 typer.echo(f"the vector store is held by the server at {target}; sending the documents through it", err=True)
                 return await _ingest_through(target, collection, items, delete_missing)
             with typer.progressbar(length=documents, label="ingesting", file=sys.stderr) if show_bar else _NoBar() as bar:
-                return await target.ingest(
+                done = await target.ingest(
                     collection, items, delete_missing=delete_missing, progress=lambda doc_id, outcome: bar.update(1)
                 )
+            if done.added or done.updated or done.deleted:
+                # Indexes are built once, at the end (only if enough was written: below
+                # that, brute force is as fast); searches need not wait for a server.
+                if show_bar:
+                    typer.echo("optimising the collection's indexes...", err=True)
+                await target.optimize(collection)
+            return done
 
     report = asyncio.run(run())
     if as_json:
@@ -297,3 +311,69 @@ def search(
     for rank, hit in enumerate(results, start=1):
         text = " ".join(hit["text"].split())
         typer.echo(f"{rank}. {hit['doc_id']} ({hit['chunk_id']}) score={hit['score']:.4f}\n   {text[:200]}")
+
+
+knowledge_app = typer.Typer(help="Maintain the vector store: migrate collections, optimise indexes.", no_args_is_help=True)
+
+
+@knowledge_app.command("migrate")
+def migrate(
+    ctx: typer.Context,
+    collection: CollectionOption,
+    source: Annotated[
+        Path | None,
+        typer.Option("--from", help="The earlier store's directory (default: knowledge.qdrant_path, <data_dir>/qdrant)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Copy a collection that an earlier version stored (qdrant-client's local mode) into
+    the current store, vectors and all; documents already copied are skipped, so it
+    can be run again."""
+    env: KnowledgeCliEnv = ctx.obj
+    valid_collection_name(collection)
+    path = source or env.legacy_store_path()
+    if not path.is_dir():
+        raise KnowledgeError(f"{path}: no earlier vector store there (give its directory with --from)")
+
+    async def run() -> dict[str, Any]:
+        legacy = QdrantStore(path=path)  # StoreLockedError if an older server still holds it
+        try:
+            async with env.open_knowledge() as knowledge:
+                report = await migrate_collection(
+                    legacy, knowledge.store, collection, embedder=knowledge.embedder.name, dimensions=knowledge.embedder.dimensions
+                )
+                optimized = await knowledge.optimize(collection)
+        except StoreLockedError as exc:
+            raise KnowledgeError(f"{exc}: stop the server to migrate (a migration writes the store directly)") from None
+        finally:
+            await legacy.aclose()
+        return {**dataclasses.asdict(report), "optimized": optimized, "from": str(path)}
+
+    result = asyncio.run(run())
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    typer.echo(
+        f"{collection}: {result['copied']} documents copied ({result['chunks']} chunks), {result['skipped']} already there; "
+        f"{result['documents']} documents now in the store ({result['seconds']:.1f}s)"
+    )
+
+
+@knowledge_app.command("optimize")
+def optimize(
+    ctx: typer.Context,
+    collection: CollectionOption,
+    force: Annotated[bool, typer.Option("--force", help="Optimise even if little was written since the last time.")] = False,
+) -> None:
+    """Build a collection's indexes now (a server does it by itself after writes)."""
+    env: KnowledgeCliEnv = ctx.obj
+    valid_collection_name(collection)
+
+    async def run() -> bool:
+        async with _local_or_server(env) as target:
+            if isinstance(target, str):
+                raise KnowledgeError(f"the server at {target} holds the store; it optimises collections by itself after writes")
+            return await target.optimize(collection, force=force)
+
+    changed = asyncio.run(run())
+    typer.echo(f"{collection}: {'optimised' if changed else 'nothing to optimise'}")

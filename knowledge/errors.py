@@ -14,6 +14,7 @@ __all__ = [
     "KnowledgeError",
     "StoreLockedError",
     "UnknownCollectionError",
+    "VectorStoreError",
 ]
 
 
@@ -123,9 +124,14 @@ class EmbeddingError(KnowledgeError):
     """The embedder failed (model missing, backend down, wrong dimensions)."""
 
 
+class VectorStoreError(KnowledgeError):
+    """The vector store's engine failed an operation (a disk error, a corrupt shard, a
+    vector of the wrong size); the message is the engine's."""
+
+
 class StoreLockedError(KnowledgeError):
-    """The embedded vector store's directory is in use by another process (Qdrant's
-    local mode allows one process per directory).
+    """The embedded vector store's directory is in use by another process (one process
+    per directory, for the Qdrant Edge store as for qdrant-client's local mode).
 
     Attributes:
         path: the directory.
@@ -134,6 +140,6 @@ class StoreLockedError(KnowledgeError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(
-            f"the vector store at {path} is in use by another process (Qdrant local mode "
-            "allows one process per data directory)"
+            f"the vector store at {path} is in use by another process (the embedded store "
+            "allows one process per directory)"
         )

@@ -17,13 +17,21 @@ from knowledge.errors import DocumentOwnershipError, DocumentParseError, Knowled
 from knowledge.ingestion.pipeline import Ingestor, Progress
 from knowledge.models import Document, IngestReport, SearchHit, check_document_id
 from knowledge.settings import KnowledgeSettings
-from knowledge.vectorstore.base import CollectionInfo, SearchFilter, SearchMode, VectorStore
-from knowledge.vectorstore.qdrant import QdrantStore, valid_collection_name
+from knowledge.vectorstore.base import (
+    REGISTRY_SUFFIX,
+    CollectionInfo,
+    SearchFilter,
+    SearchMode,
+    VectorStore,
+    valid_collection_name,
+)
+from knowledge.vectorstore.edge import EdgeStore
+from knowledge.vectorstore.qdrant import QdrantStore
 
 if TYPE_CHECKING:
     from gateway import ModelGateway
 
-__all__ = ["KnowledgeBase", "build_embedder", "open_knowledge"]
+__all__ = ["KnowledgeBase", "build_embedder", "legacy_collections", "legacy_store_path", "open_knowledge", "open_vector_store"]
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +153,16 @@ class KnowledgeBase:
     async def collections(self) -> list[CollectionInfo]:
         return await self.store.collections()
 
+    async def optimize(self, collection: str, *, force: bool = False) -> bool:
+        """Build the collection's indexes now if enough was written since the last
+        time (always with ``force``); searches go on meanwhile. See
+        `VectorStore.optimize`.
+
+        Raises:
+            UnknownCollectionError: no such collection.
+        """
+        return await self.store.optimize(collection, force=force)
+
     async def aclose(self) -> None:
         await self.store.aclose()
         await self.embedder.aclose()
@@ -174,15 +192,63 @@ def build_embedder(settings: KnowledgeSettings, gateway: ModelGateway | None) ->
     return LocalEmbedder.packaged(config.model, batch_size=config.batch_size)
 
 
+def open_vector_store(settings: KnowledgeSettings, data_dir: Path) -> VectorStore:
+    """The configured vector store: a Qdrant server when ``qdrant_url`` is set, else
+    the embedded Qdrant Edge store in ``edge.path`` (default ``<data_dir>/vectors``).
+
+    Raises:
+        StoreLockedError: the embedded store's directory is in use by another process.
+    """
+    if settings.qdrant_url:
+        return QdrantStore(url=settings.qdrant_url, api_key=settings.qdrant_api_key)
+    edge = settings.edge
+    return EdgeStore(
+        edge.path or data_dir / "vectors", optimize_min_points=edge.optimize_min_points, optimize_delay_s=edge.optimize_delay_s
+    )
+
+
+def legacy_store_path(settings: KnowledgeSettings, data_dir: Path) -> Path:
+    """Where earlier versions kept the embedded store (qdrant-client's local mode)."""
+    return settings.qdrant_path or data_dir / "qdrant"
+
+
+def legacy_collections(path: Path) -> list[str]:
+    """The collections an earlier version's local-mode store in ``path`` holds (its
+    directory layout: ``collection/<name>`` and ``collection/<name>__docs``)."""
+    found = path / "collection"
+    if not found.is_dir():
+        return []
+    names = {p.name for p in found.iterdir() if p.is_dir()}
+    return sorted(n for n in names if n + REGISTRY_SUFFIX in names)
+
+
+def _warn_unmigrated(settings: KnowledgeSettings, data_dir: Path, store: VectorStore) -> None:
+    if settings.qdrant_url or not isinstance(store, EdgeStore):
+        return
+    legacy = legacy_store_path(settings, data_dir)
+    waiting = [name for name in legacy_collections(legacy) if not (Path(store.location) / name).is_dir()]
+    if waiting:
+        log.warning(
+            "collections stored by an earlier version in %s are not in the vector store %s: %s; copy each with "
+            "`switchyard knowledge migrate --collection NAME` (or ingest the documents again)",
+            legacy, store.location, ", ".join(waiting),
+        )
+
+
 def open_knowledge(settings: KnowledgeSettings, data_dir: Path, gateway: ModelGateway | None = None) -> KnowledgeBase:
     """Open the vector store and the embedder.
 
     Raises:
-        StoreLockedError: local mode's directory is in use by another process.
+        StoreLockedError: the embedded store's directory is in use by another process.
         EmbeddingError: the embedder cannot be loaded.
     """
-    embedder = build_embedder(settings, gateway)
-    store = QdrantStore(
-        path=settings.qdrant_path or data_dir / "qdrant", url=settings.qdrant_url, api_key=settings.qdrant_api_key
-    )
+    store = open_vector_store(settings, data_dir)
+    _warn_unmigrated(settings, data_dir, store)
+    try:
+        embedder = build_embedder(settings, gateway)
+    except BaseException:
+        closer = getattr(store, "close_now", None)
+        if closer is not None:
+            closer()
+        raise
     return KnowledgeBase(store, embedder, settings)

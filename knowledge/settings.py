@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ChunkingSettings", "EmbedderSettings", "KnowledgeSettings", "RagSettings", "RetrievalSettings"]
+__all__ = ["ChunkingSettings", "EdgeSettings", "EmbedderSettings", "KnowledgeSettings", "RagSettings", "RetrievalSettings"]
 
 
 class EmbedderSettings(BaseModel):
@@ -69,6 +69,23 @@ class RagSettings(BaseModel):
     """Limit for each of rewrite and retrieve (generation has the run's deadline)."""
 
 
+class EdgeSettings(BaseModel):
+    """The embedded vector store (Qdrant Edge, in this process)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path | None = None
+    """The store's directory; default ``<data_dir>/vectors``. One process at a time."""
+    optimize_min_points: int = Field(default=5000, ge=1)
+    """Chunks written or deleted since the last optimisation that start one by
+    themselves. Below this a collection's new points are searched by brute force,
+    which costs about a millisecond per 5,000 chunks of 512 dimensions."""
+    optimize_delay_s: float | None = Field(default=5.0, ge=0)
+    """Quiet time after the last write before that optimisation starts (so one
+    ingestion is optimised once, at its end); null: only ``switchyard ingest`` and
+    `VectorStore.optimize` optimise."""
+
+
 class KnowledgeSettings(BaseModel):
     """Where vectors live and how documents become them.
 
@@ -78,11 +95,13 @@ class KnowledgeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     qdrant_url: str | None = None
-    """A Qdrant server (``http://host:6333``). Unset: Qdrant's local mode in
-    ``qdrant_path``, one process per directory."""
-    qdrant_path: Path | None = None
-    """Local mode's directory; default ``<data_dir>/qdrant``."""
+    """A Qdrant server (``http://host:6333``). Unset: the embedded store (``edge``)."""
     qdrant_api_key: str | None = None
+    edge: EdgeSettings = EdgeSettings()
+    """The embedded store, used when ``qdrant_url`` is unset."""
+    qdrant_path: Path | None = None
+    """Where earlier versions kept the embedded store (qdrant-client's local mode);
+    default ``<data_dir>/qdrant``. Only ``switchyard knowledge migrate`` reads it."""
     default_collection: str = "default"
     """What the ``rag`` graph searches when a request names no collection."""
     embedder: EmbedderSettings = EmbedderSettings()

@@ -1,7 +1,7 @@
 """The ``switchyard`` command: the CLI's composition root.
 
 Sub-commands live next to the package they drive (``gateway/cli.py``: ``backend``;
-``graphs/cli.py``: ``graphs``, ``ask``; ``knowledge/cli.py``: ``ingest``, ``search``;
+``graphs/cli.py``: ``graphs``, ``ask``; ``knowledge/cli.py``: ``ingest``, ``search``, ``knowledge``;
 ``eval/cli.py``: ``eval``) and get their settings and clients from the
 `CliEnv` object put in the Typer context here.
 """
@@ -32,7 +32,8 @@ from gateway.registry import LocalLaunch
 from graphs import GraphError, GraphRegistry, GraphSpec, UnknownGraphError
 from graphs.cli import ask, graphs_app
 from knowledge import KnowledgeBase, KnowledgeError, StoreLockedError, open_knowledge
-from knowledge.cli import ingest, search
+from knowledge.knowledge_base import legacy_store_path
+from knowledge.cli import ingest, knowledge_app, search
 from tools import ToolError, ToolRegistry
 from serving.app import cors_refusal_headers, create_app
 from serving.audit import load_key, parse_anchor, verify
@@ -93,6 +94,9 @@ class CliEnv:
         finally:
             if gateway is not None:
                 await gateway.aclose()
+
+    def legacy_store_path(self) -> Path:
+        return legacy_store_path(self.settings.knowledge, self.settings.data_dir)
 
     def server_url(self) -> str | None:
         """The server registered in ``<data_dir>/run/server.json``, if it is alive."""
@@ -418,6 +422,7 @@ app.add_typer(backend_app, name="backend")
 app.add_typer(graphs_app, name="graphs")
 app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
+app.add_typer(knowledge_app, name="knowledge")
 app.command("ask")(ask)
 app.command("ingest")(ingest)
 app.command("search")(search)

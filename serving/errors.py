@@ -31,6 +31,7 @@ from knowledge import (
     InvalidDocumentIdError,
     KnowledgeError,
     UnknownCollectionError,
+    VectorStoreError,
 )
 from serving._tasks import RunDeadlineError
 from serving.observability import REQUEST_ID_HEADER, current_request_id
@@ -122,6 +123,8 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(status=422, message=str(exc), type="invalid_request_error", param="doc_id", code="invalid_value")
     if isinstance(exc, EmbeddingError):
         return ApiError(status=503, message=str(exc), type="backend_unavailable", code="embedder_unavailable")
+    if isinstance(exc, VectorStoreError):
+        return ApiError(status=503, message=str(exc), type="storage_unavailable", code="vector_store_unavailable")
     if isinstance(exc, KnowledgeError):
         return ApiError(status=400, message=str(exc), type="invalid_request_error", code="knowledge_error")
     if isinstance(exc, ThreadStoreError):

@@ -14,8 +14,8 @@ a gateway of its own (closed afterwards): the eval then measures that backend an
 nothing else, whatever the configured aliases say.
 
 Knowledge: an eval's scratch collections never go into the user's data. With the
-embedded (local-mode) Qdrant store, the eval keeps its own store under
-``<eval_runs_dir>/knowledge``; this also lets ``switchyard eval run`` work while
+embedded (Qdrant Edge) store, the eval keeps its own store under
+``<eval_runs_dir>/vectors``; this also lets ``switchyard eval run`` work while
 ``switchyard serve`` holds the data directory's store. With a Qdrant server, the
 suite's scratch collection is created there under its own name. A dataset written for
 the user's own collection (no corpus) reads the user's knowledge base instead
@@ -47,6 +47,7 @@ from knowledge import DocumentParseError, KnowledgeBase, KnowledgeError
 from knowledge.ingestion.loaders import discover, load_file
 from knowledge.knowledge_base import build_embedder
 from knowledge.models import Document, IngestReport
+from knowledge.vectorstore.edge import EdgeStore
 from knowledge.vectorstore.qdrant import QdrantStore
 from serving.audit import AuditLog
 from serving.auth import Principal, TenantSettings
@@ -209,7 +210,8 @@ class _EvalKnowledge:
             store = QdrantStore(url=settings.knowledge.qdrant_url, api_key=settings.knowledge.qdrant_api_key)
             self.shared = True
         else:
-            store = QdrantStore(path=settings.eval_runs_dir / "knowledge")
+            # Optimised only on request: the eval's corpora are small, and its runs end.
+            store = EdgeStore(settings.eval_runs_dir / "vectors", optimize_delay_s=None)
         self._own_store = True
         self._kb = KnowledgeBase(store, embedder, settings.knowledge)
         return self._kb

@@ -6,21 +6,24 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from knowledge.embeddings.sparse import SparseVector
-from knowledge.errors import InvalidFilterError
+from knowledge.errors import InvalidCollectionNameError, InvalidFilterError
 from knowledge.models import Chunk, Document, SearchHit
 
 __all__ = [
     "CollectionInfo",
+    "DocumentExport",
     "MetadataValue",
     "SearchFilter",
     "SearchMode",
+    "StoredChunk",
     "StoredDocument",
     "VectorStore",
     "check_metadata_filter",
     "check_text_filter",
+    "valid_collection_name",
 ]
 
 SearchMode = Literal["hybrid", "dense", "sparse"]
@@ -29,6 +32,20 @@ MetadataValue = str | bool | int | float
 """What a metadata filter compares a field with."""
 
 _INT64 = (-(2**63), 2**63 - 1)
+
+REGISTRY_SUFFIX = "__docs"
+"""The registry's collection on a Qdrant server (``<name>__docs``); a name ending so is
+not a valid knowledge collection."""
+
+
+def valid_collection_name(name: str) -> str:
+    """``name``, or `InvalidCollectionNameError`: 1 to 64 ASCII letters, digits, ``_``
+    and ``-``, not ending in ``__docs``."""
+    if not (1 <= len(name) <= 64) or not all(c.isascii() and (c.isalnum() or c in "_-") for c in name) or name.endswith(
+        REGISTRY_SUFFIX
+    ):
+        raise InvalidCollectionNameError(name)
+    return name
 
 
 def check_metadata_filter(metadata: Mapping[object, object]) -> dict[str, MetadataValue]:
@@ -115,6 +132,25 @@ class StoredDocument:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StoredChunk:
+    """One chunk as a store keeps it, for copying a document between stores."""
+
+    payload: Mapping[str, Any]
+    """The chunk point's payload (text, ids, version, tags, owner, metadata)."""
+    dense: Sequence[float]
+    sparse: SparseVector
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DocumentExport:
+    """A document's live version with its chunks and their vectors."""
+
+    entry: StoredDocument
+    chunks: Sequence[StoredChunk]
+    """In chunk order."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SearchFilter:
     """Restricts a search; every given field must match."""
 
@@ -193,6 +229,22 @@ class VectorStore(Protocol):
     ) -> list[SearchHit]:
         """The best ``k`` live chunks. ``dense`` is needed for ``dense`` and ``hybrid``
         (and gives every hit its ``relevance``), ``sparse`` for ``sparse`` and ``hybrid``."""
+        ...
+
+    async def optimize(self, name: str, *, force: bool = False) -> bool:
+        """Build the indexes of what was written since the last optimisation, when
+        enough was (always with ``force``); True if the collection's segments changed.
+        Searches go on meanwhile and see the same documents. A Qdrant server
+        optimises by itself and local mode has no indexes: they return False."""
+        ...
+
+    async def export_document(self, name: str, doc_id: str) -> DocumentExport | None:
+        """The document's live version with its chunks and vectors, or None."""
+        ...
+
+    async def import_document(self, name: str, export: DocumentExport) -> None:
+        """Make an exported document live here with the same version, owner and chunk
+        ids, replacing any other version as `write_document` does."""
         ...
 
     async def aclose(self) -> None: ...

@@ -1,5 +1,10 @@
-"""`VectorStore` on Qdrant: local mode (a directory, the embedded default) or a server,
-with the same code.
+"""`VectorStore` on a Qdrant server through qdrant-client, or on qdrant-client's local
+mode (a directory) with the same code.
+
+A server (``knowledge.qdrant_url``) is the production store. Local mode was the
+embedded default before `knowledge.vectorstore.edge`; it stays for two jobs: it reads
+collections stored by earlier versions (``switchyard knowledge migrate``), and it runs
+this code in tests on machines where no Qdrant server can be installed.
 
 Each knowledge collection is two Qdrant collections:
 
@@ -26,48 +31,47 @@ thread, so its brute-force scans never block the event loop. A server uses
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
-import uuid
 import warnings
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from qdrant_client import AsyncQdrantClient, QdrantClient, models
 
 from knowledge.embeddings.sparse import SparseVector
-from knowledge.errors import InvalidCollectionNameError, KnowledgeError, StoreLockedError, UnknownCollectionError
+from knowledge.errors import KnowledgeError, StoreLockedError, UnknownCollectionError
 from knowledge.models import Chunk, Document, SearchHit
-from knowledge.vectorstore.base import CollectionInfo, MetadataValue, SearchFilter, SearchMode, StoredDocument
+from knowledge.vectorstore._points import (
+    INDEXED,
+    KIND,
+    REGISTRY_SUFFIX,
+    WRITE_BATCH,
+    check_vectors,
+    chunk_payload,
+    chunk_point_id,
+    doc_point_id,
+    entry_payload,
+    fetch_size,
+    hit,
+    metadata_path,
+    stored,
+    unit,
+    valid_collection_name,
+)
+from knowledge.vectorstore.base import (
+    CollectionInfo,
+    DocumentExport,
+    MetadataValue,
+    SearchFilter,
+    SearchMode,
+    StoredChunk,
+    StoredDocument,
+)
 
 __all__ = ["QdrantStore", "valid_collection_name"]
 
 T = TypeVar("T")
-
-_NAMESPACE = uuid.UUID("6f1d8c52-58f4-4f4e-9a57-2b7f3e0c9d11")
-_REGISTRY_SUFFIX = "__docs"
-_KIND = "switchyard-chunks"
-_INDEXED = ("doc_id", "version", "tags", "tenant")
-_WRITE_BATCH = 256
-
-
-def valid_collection_name(name: str) -> str:
-    """``name``, or `InvalidCollectionNameError`."""
-    if not (1 <= len(name) <= 64) or not all(c.isascii() and (c.isalnum() or c in "_-") for c in name) or name.endswith(
-        _REGISTRY_SUFFIX
-    ):
-        raise InvalidCollectionNameError(name)
-    return name
-
-
-def _chunk_point_id(doc_id: str, version: str, index: int) -> str:
-    return str(uuid.uuid5(_NAMESPACE, f"{doc_id}\x00{version}\x00{index}"))
-
-
-def _doc_point_id(doc_id: str) -> str:
-    return str(uuid.uuid5(_NAMESPACE, doc_id))
 
 
 def _match(key: str, value: Any) -> models.FieldCondition:
@@ -139,32 +143,32 @@ class QdrantStore:
                     f"dimensions); the configured embedder is {embedder!r} ({dimensions}): re-ingest into a new "
                     "collection, or configure the embedder it was built with"
                 )
-            if not await self._call("collection_exists", name + _REGISTRY_SUFFIX):
-                await self._call("create_collection", name + _REGISTRY_SUFFIX, vectors_config={})
+            if not await self._call("collection_exists", name + REGISTRY_SUFFIX):
+                await self._call("create_collection", name + REGISTRY_SUFFIX, vectors_config={})
             return
         await self._call(
             "create_collection",
             name,
             vectors_config={"dense": models.VectorParams(size=dimensions, distance=models.Distance.COSINE)},
             sparse_vectors_config={"sparse": models.SparseVectorParams(modifier=models.Modifier.IDF)},
-            metadata={"kind": _KIND, "embedder": embedder, "dimensions": dimensions},
+            metadata={"kind": KIND, "embedder": embedder, "dimensions": dimensions},
         )
-        for field_name in _INDEXED:
+        for field_name in INDEXED:
             await self._call("create_payload_index", name, field_name, field_schema=models.PayloadSchemaType.KEYWORD)
-        await self._call("create_collection", name + _REGISTRY_SUFFIX, vectors_config={})
+        await self._call("create_collection", name + REGISTRY_SUFFIX, vectors_config={})
 
     async def collections(self) -> list[CollectionInfo]:
         listed = await self._call("get_collections")
         out = []
         for described in listed.collections:
             name = described.name
-            if name.endswith(_REGISTRY_SUFFIX):
+            if name.endswith(REGISTRY_SUFFIX):
                 continue
             info = await self._call("get_collection", name)
             meta = info.config.metadata or {}
-            if meta.get("kind") != _KIND:
+            if meta.get("kind") != KIND:
                 continue  # not ours
-            documents = (await self._call("count", name + _REGISTRY_SUFFIX, exact=True)).count
+            documents = (await self._call("count", name + REGISTRY_SUFFIX, exact=True)).count
             chunks = (await self._call("count", name, exact=True)).count
             out.append(
                 CollectionInfo(
@@ -185,19 +189,22 @@ class QdrantStore:
         offset = None
         while True:
             records, offset = await self._call(
-                "scroll", name + _REGISTRY_SUFFIX, limit=512, offset=offset, with_payload=True, with_vectors=False
+                "scroll", name + REGISTRY_SUFFIX, limit=512, offset=offset, with_payload=True, with_vectors=False
             )
             for record in records:
-                stored = _stored(record.payload or {})
-                found[stored.doc_id] = stored
+                entry = stored(record.payload or {})
+                found[entry.doc_id] = entry
             if offset is None:
                 return found
 
     async def document(self, name: str, doc_id: str) -> StoredDocument | None:
         await self._require(name)
-        records = await self._call("retrieve", name + _REGISTRY_SUFFIX, ids=[_doc_point_id(doc_id)], with_payload=True)
-        stored = [_stored(r.payload) for r in records if r.payload and r.payload.get("doc_id") == doc_id]
-        return stored[0] if stored else None
+        return await self._entry(name, doc_id)
+
+    async def _entry(self, name: str, doc_id: str) -> StoredDocument | None:
+        records = await self._call("retrieve", name + REGISTRY_SUFFIX, ids=[doc_point_id(doc_id)], with_payload=True)
+        found = [stored(r.payload) for r in records if r.payload and r.payload.get("doc_id") == doc_id]
+        return found[0] if found else None
 
     async def write_document(
         self,
@@ -210,56 +217,57 @@ class QdrantStore:
         tenant: str | None = None,
     ) -> None:
         await self._require(name)
-        if not (len(chunks) == len(dense) == len(sparse)):
-            raise KnowledgeError(f"{len(chunks)} chunks but {len(dense)} dense and {len(sparse)} sparse vectors")
-        version = document.hash
-        tags = [str(t) for t in document.metadata.get("tags", [])] if isinstance(document.metadata.get("tags"), list) else []
+        check_vectors(chunks, dense, sparse)
+        entry = StoredDocument(
+            doc_id=document.id,
+            version=document.hash,
+            chunks=len(chunks),
+            source=document.source,
+            title=document.title,
+            owner=tenant,
+        )
+        payloads = [chunk_payload(document, chunk, tenant=tenant) for chunk in chunks]
+        await self._write(name, entry, payloads, dense, sparse)
+
+    async def import_document(self, name: str, export: DocumentExport) -> None:
+        await self._require(name)
+        chunks = export.chunks
+        await self._write(
+            name, export.entry, [c.payload for c in chunks], [c.dense for c in chunks], [c.sparse for c in chunks]
+        )
+
+    async def _write(
+        self,
+        name: str,
+        entry: StoredDocument,
+        payloads: Sequence[Mapping[str, Any]],
+        dense: Sequence[Sequence[float]],
+        sparse: Sequence[SparseVector],
+    ) -> None:
+        """Make ``payloads`` the live chunks of ``entry``'s document: upsert them, switch
+        the registry entry, delete the other versions' chunks."""
         points = [
             models.PointStruct(
-                id=_chunk_point_id(document.id, version, chunk.index),
+                id=chunk_point_id(entry.doc_id, entry.version, int(payload["index"])),
                 vector={
                     "dense": list(vector),
-                    "sparse": models.SparseVector(indices=sparse_vector[0], values=sparse_vector[1]),
+                    "sparse": models.SparseVector(indices=list(sparse_vector[0]), values=list(sparse_vector[1])),
                 },
-                payload={
-                    "doc_id": document.id,
-                    "chunk_id": chunk.chunk_id,
-                    "index": chunk.index,
-                    "text": chunk.text,
-                    "heading": chunk.heading,
-                    "title": document.title,
-                    "source": document.source,
-                    "version": version,
-                    "tags": tags,
-                    "tenant": tenant,
-                    "metadata": document.metadata,
-                },
+                payload=dict(payload),
             )
-            for chunk, vector, sparse_vector in zip(chunks, dense, sparse, strict=True)
+            for payload, vector, sparse_vector in zip(payloads, dense, sparse, strict=True)
         ]
         try:
-            for start in range(0, len(points), _WRITE_BATCH):
-                await self._call("upsert", name, points[start : start + _WRITE_BATCH], wait=True)
+            for start in range(0, len(points), WRITE_BATCH):
+                await self._call("upsert", name, points[start : start + WRITE_BATCH], wait=True)
         except BaseException:
             # Nothing of the new version may stay behind; the old one is still live.
-            await asyncio.shield(self._delete_version(name, document.id, version))
+            await asyncio.shield(self._delete_version(name, entry.doc_id, entry.version))
             raise
-        entry = models.PointStruct(
-            id=_doc_point_id(document.id),
-            vector={},
-            payload={
-                "doc_id": document.id,
-                "version": version,
-                "chunks": len(chunks),
-                "source": document.source,
-                "title": document.title,
-                "tenant": tenant,
-                "updated_at": datetime.now(UTC).isoformat(),
-            },
-        )
-        await self._call("upsert", name + _REGISTRY_SUFFIX, [entry], wait=True)
+        registry_point = models.PointStruct(id=doc_point_id(entry.doc_id), vector={}, payload=entry_payload(entry))
+        await self._call("upsert", name + REGISTRY_SUFFIX, [registry_point], wait=True)
         # The new version is live; the chunks of any other version go.
-        stale = models.Filter(must=[_match("doc_id", document.id)], must_not=[_match("version", version)])
+        stale = models.Filter(must=[_match("doc_id", entry.doc_id)], must_not=[_match("version", entry.version)])
         await self._call("delete", name, points_selector=models.FilterSelector(filter=stale), wait=True)
 
     async def _delete_version(self, name: str, doc_id: str, version: str) -> None:
@@ -268,12 +276,45 @@ class QdrantStore:
 
     async def delete_document(self, name: str, doc_id: str) -> bool:
         await self._require(name)
-        existing = await self._call("retrieve", name + _REGISTRY_SUFFIX, ids=[_doc_point_id(doc_id)], with_payload=False)
+        existing = await self._call("retrieve", name + REGISTRY_SUFFIX, ids=[doc_point_id(doc_id)], with_payload=False)
         # The registry entry goes first: from then on readers ignore the chunks.
-        await self._call("delete", name + _REGISTRY_SUFFIX, points_selector=models.PointIdsList(points=[_doc_point_id(doc_id)]), wait=True)
+        await self._call("delete", name + REGISTRY_SUFFIX, points_selector=models.PointIdsList(points=[doc_point_id(doc_id)]), wait=True)
         selector = models.FilterSelector(filter=models.Filter(must=[_match("doc_id", doc_id)]))
         await self._call("delete", name, points_selector=selector, wait=True)
         return bool(existing)
+
+    async def export_document(self, name: str, doc_id: str) -> DocumentExport | None:
+        await self._require(name)
+        entry = await self._entry(name, doc_id)
+        if entry is None:
+            return None
+        live = models.Filter(must=[_match("doc_id", doc_id), _match("version", entry.version)])
+        chunks: list[StoredChunk] = []
+        offset = None
+        while True:
+            records, offset = await self._call(
+                "scroll", name, scroll_filter=live, limit=WRITE_BATCH, offset=offset, with_payload=True, with_vectors=True
+            )
+            for record in records:
+                vectors = record.vector if isinstance(record.vector, dict) else {}
+                sparse_vector = vectors.get("sparse")
+                chunks.append(
+                    StoredChunk(
+                        payload=dict(record.payload or {}),
+                        dense=list(vectors.get("dense") or []),  # type: ignore[arg-type]
+                        sparse=(list(sparse_vector.indices), list(sparse_vector.values)) if sparse_vector else ([], []),  # type: ignore[union-attr]
+                    )
+                )
+            if offset is None:
+                break
+        chunks.sort(key=lambda c: int(c.payload["index"]))
+        return DocumentExport(entry=entry, chunks=chunks)
+
+    async def optimize(self, name: str, *, force: bool = False) -> bool:
+        """A Qdrant server optimises its segments by itself, and local mode has no
+        indexes to build: nothing to do."""
+        await self._require(name)
+        return False
 
     # ---- search ------------------------------------------------------------------------
 
@@ -297,11 +338,9 @@ class QdrantStore:
             mode = "dense"
         if mode in ("dense", "hybrid") and dense is None:
             raise KnowledgeError(f"a {mode} search needs the query's dense vector")
-        query_filter = _filter(where)
-        fetch = max(k * 2, k + 5)  # room for chunks of versions being replaced
         common: dict[str, Any] = {
-            "query_filter": query_filter,
-            "limit": fetch,
+            "query_filter": _filter(where),
+            "limit": fetch_size(k),
             "with_payload": True,
             "with_vectors": ["dense"] if dense is not None else False,
         }
@@ -322,29 +361,14 @@ class QdrantStore:
             )
         points = response.points
         live = await self._live_versions(name, {p.payload["doc_id"] for p in points if p.payload})
-        unit = _unit(dense) if dense is not None else None
+        query_unit = unit(dense) if dense is not None else None
         hits = []
         for point in points:
             payload = point.payload or {}
             if live.get(payload.get("doc_id")) != payload.get("version"):
                 continue
-            relevance = None
-            if unit is not None and isinstance(point.vector, dict) and "dense" in point.vector:
-                stored = point.vector["dense"]
-                relevance = sum(a * b for a, b in zip(unit, _unit(stored), strict=False))  # type: ignore[arg-type]
-            hits.append(
-                SearchHit(
-                    doc_id=payload["doc_id"],
-                    chunk_id=payload["chunk_id"],
-                    score=float(point.score),
-                    text=payload.get("text", ""),
-                    source=payload.get("source", ""),
-                    title=payload.get("title"),
-                    heading=payload.get("heading", ""),
-                    relevance=relevance,
-                    metadata=payload.get("metadata") or {},
-                )
-            )
+            vectors = point.vector if isinstance(point.vector, dict) else {}
+            hits.append(hit(payload, point.score, vectors.get("dense"), query_unit))  # type: ignore[arg-type]
             if len(hits) == k:
                 break
         return hits
@@ -353,7 +377,7 @@ class QdrantStore:
         if not doc_ids:
             return {}
         records = await self._call(
-            "retrieve", name + _REGISTRY_SUFFIX, ids=[_doc_point_id(d) for d in doc_ids], with_payload=["doc_id", "version"]
+            "retrieve", name + REGISTRY_SUFFIX, ids=[doc_point_id(d) for d in doc_ids], with_payload=["doc_id", "version"]
         )
         return {r.payload["doc_id"]: r.payload["version"] for r in records if r.payload}
 
@@ -374,28 +398,12 @@ class QdrantStore:
                 local.close()
 
 
-def _stored(payload: dict[str, Any]) -> StoredDocument:
-    return StoredDocument(
-        doc_id=payload["doc_id"],
-        version=payload["version"],
-        chunks=int(payload.get("chunks", 0)),
-        source=payload.get("source", ""),
-        title=payload.get("title"),
-        owner=payload.get("tenant"),
-    )
-
-
 def _locked(lock: threading.Lock, fn: Callable[[], T]) -> Callable[[], T]:
     def run() -> T:
         with lock:
             return fn()
 
     return run
-
-
-def _unit(vector: Sequence[float]) -> list[float]:
-    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
-    return [v / norm for v in vector]
 
 
 def _filter(where: SearchFilter | None) -> models.Filter | None:
@@ -414,11 +422,9 @@ def _filter(where: SearchFilter | None) -> models.Filter | None:
 
 
 def _metadata_condition(key: str, value: MetadataValue) -> models.FieldCondition:
-    # The key is quoted, so it names one top-level field whatever it holds (dots,
-    # brackets, spaces, an empty name); `SearchFilter` refused the two characters a
-    # quoted key cannot hold. Qdrant matches strings, booleans and integers exactly
-    # (`MatchValue` takes no float); a float matches as the one-point range.
-    path = f'metadata."{key}"'
+    # Qdrant matches strings, booleans and integers exactly (`MatchValue` takes no
+    # float); a float matches as the one-point range.
+    path = metadata_path(key)
     if isinstance(value, float):
         return models.FieldCondition(key=path, range=models.Range(gte=value, lte=value))
     return _match(path, value)

@@ -158,7 +158,7 @@ def test_eval_run_while_a_server_holds_the_data_directory(tmp_path: Path, fake_b
         assert "eval-tiny" not in listed.text
     finally:
         stop_server(server)
-    assert (tmp_path / "data" / "eval" / "knowledge").is_dir()
+    assert (tmp_path / "data" / "eval" / "vectors").is_dir()
 
 
 @pytest.mark.llm
@@ -215,4 +215,4 @@ def test_a_dataset_for_the_users_own_collection(tmp_path: Path, fake_backend_url
     assert result.returncode == 0, result.stdout + result.stderr
     run = load_run(_stored(result))
     assert run.suite == "cases" and all(case.values[RECALL_AT_K] == 1.0 for case in run.cases)
-    assert not (tmp_path / "data" / "eval" / "knowledge").exists()  # the scratch store was not needed
+    assert not (tmp_path / "data" / "eval" / "vectors").exists()  # the scratch store was not needed

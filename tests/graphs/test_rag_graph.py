@@ -17,7 +17,7 @@ from graphs import GraphDeps, RunContext
 from graphs.rag import make_graph
 from knowledge import CollectionNotAllowedError, Document, KnowledgeBase, KnowledgeSettings, UnknownCollectionError
 from knowledge.embeddings.local import LocalEmbedder
-from knowledge.vectorstore.qdrant import QdrantStore
+from knowledge.vectorstore.edge import EdgeStore
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ class _NoModels:
 
 @pytest.fixture
 async def graph(tmp_path: Path) -> AsyncIterator[Any]:
-    store = QdrantStore(path=tmp_path / "qdrant")
+    store = EdgeStore(tmp_path / "vectors")
     knowledge = KnowledgeBase(store, LocalEmbedder.packaged("use-multilingual-v3"), KnowledgeSettings())
     await knowledge.ingest("shelf", [
         Document(id="ferry", text="The Saltmarsh ferry leaves the north pier at 06:40 every weekday."),

@@ -15,7 +15,7 @@ from gateway.local import start_backend, stop_backend
 from knowledge import Document, EmbeddingError, KnowledgeBase, KnowledgeError, KnowledgeSettings
 from knowledge.embeddings.local import LocalEmbedder
 from knowledge.embeddings.openai import GatewayEmbedder
-from knowledge.vectorstore.qdrant import QdrantStore
+from knowledge.vectorstore.edge import EdgeStore
 from tests.fakes.openai_backend import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]
@@ -59,7 +59,7 @@ async def test_vectors_come_from_the_backend(gateway: ModelGateway, tmp_path: Pa
     embedder = GatewayEmbedder(gateway, "embed-default", batch_size=2)
     vectors = await embedder.embed_documents(["one", "two", "three"])  # two requests
     assert [len(v) for v in vectors] == [576, 576, 576] and vectors[0] != vectors[1]
-    store = QdrantStore(path=tmp_path / "q")
+    store = EdgeStore(tmp_path / "vectors")
     try:
         knowledge = KnowledgeBase(store, embedder, KnowledgeSettings())
         report = await knowledge.ingest("remote", [Document(id="a", text="Ferries leave at dawn."), Document(id="b", text="Bread.")])
@@ -78,7 +78,7 @@ async def test_vectors_come_from_the_backend(gateway: ModelGateway, tmp_path: Pa
 async def test_backend_failures_are_named(gateway: ModelGateway, tmp_path: Path) -> None:
     with pytest.raises(EmbeddingError, match="does not declare the embeddings capability"):
         GatewayEmbedder(gateway, "chat-only")
-    store = QdrantStore(path=tmp_path / "q")
+    store = EdgeStore(tmp_path / "vectors")
     try:
         knowledge = KnowledgeBase(store, GatewayEmbedder(gateway, "gone"), KnowledgeSettings())
         report = await knowledge.ingest("c", [Document(id="a", text="text")])

@@ -1,4 +1,4 @@
-"""Ingestion and search on real Qdrant local mode with the real packaged embedder:
+"""Ingestion and search on both real vector stores with the real packaged embedder:
 idempotency, updates that never show a mix, a failure half-way through a document,
 deleting missing documents, filters, Chinese, and bad input."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
-from qdrant_client import models
 
 from knowledge import (
     Document,
@@ -22,20 +22,19 @@ from knowledge import (
 from knowledge.cli import _items
 from knowledge.embeddings.local import LocalEmbedder
 from knowledge.errors import InvalidCollectionNameError
-from knowledge.vectorstore.qdrant import _WRITE_BATCH, QdrantStore
+from knowledge.vectorstore._points import WRITE_BATCH as _WRITE_BATCH
+from knowledge.vectorstore.base import VectorStore
 
-from tests.knowledge.conftest import CORPUS
+from tests.knowledge.conftest import CORPUS, stored_chunks
 
 pytestmark = pytest.mark.integration
 
 
-def _points(store: QdrantStore, collection: str) -> list[models.Record]:
-    assert store._local is not None  # noqa: SLF001 (counting what is really stored)
-    records, _ = store._local.scroll(collection, limit=10_000, with_payload=True)  # noqa: SLF001
-    return records
+def _points(store: VectorStore, collection: str) -> list[SimpleNamespace]:
+    return stored_chunks(store, collection)
 
 
-async def test_ingesting_twice_changes_nothing(knowledge: KnowledgeBase, store: QdrantStore) -> None:
+async def test_ingesting_twice_changes_nothing(knowledge: KnowledgeBase, store: VectorStore) -> None:
     first = await knowledge.ingest("corpus", _items([CORPUS]))
     assert (first.added, first.updated, first.skipped, first.failed) == (25, 0, 0, 0)
     points = _points(store, "corpus")
@@ -49,7 +48,7 @@ async def test_ingesting_twice_changes_nothing(knowledge: KnowledgeBase, store: 
     assert (info.name, info.documents, info.chunks, info.embedder) == ("corpus", 25, first.chunks, "use-multilingual-v3")
 
 
-async def test_an_edited_document_replaces_its_old_chunks(knowledge: KnowledgeBase, store: QdrantStore, tmp_path: Path) -> None:
+async def test_an_edited_document_replaces_its_old_chunks(knowledge: KnowledgeBase, store: VectorStore, tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(CORPUS, source)
     await knowledge.ingest("c", _items([source]))
@@ -88,7 +87,7 @@ class _FailingEmbedder:
 
 
 async def test_a_failure_half_way_keeps_the_previous_version_and_leaves_no_orphans(
-    store: QdrantStore, embedder: LocalEmbedder
+    store: VectorStore, embedder: LocalEmbedder
 ) -> None:
     settings = KnowledgeSettings()
     good = KnowledgeBase(store, embedder, settings)

@@ -234,7 +234,7 @@ async def test_rag_corpus_ingested_once_into_the_eval_store(settings: Settings, 
         # The scratch collection never reaches the user's store.
         assert platform.knowledge is not None
         assert "eval-tiny" not in {c.name for c in await platform.knowledge.collections()}
-    assert (settings.eval_runs_dir / "knowledge").is_dir()
+    assert (settings.eval_runs_dir / "vectors").is_dir()
     for run in (first, second):
         by_case = run.by_case()
         assert by_case["en-harbor-neap"].values[RECALL_AT_K] == 1.0

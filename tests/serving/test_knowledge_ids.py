@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from knowledge import Chunk, Document
-from knowledge.vectorstore.qdrant import QdrantStore
+from knowledge.vectorstore.edge import EdgeStore
 from tests.conftest import REPO, SWITCHYARD, ServerHandle, start_server, stop_server, write_models_file
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +41,7 @@ LEGACY_ID = "legacy\x00id"
 async def _store_legacy_document(data_dir: Path) -> None:
     """A document stored before ids were checked, with a NUL in its id (written with
     the store's own API, as an old version could)."""
-    store = QdrantStore(path=data_dir / "qdrant")
+    store = EdgeStore(data_dir / "vectors")
     try:
         await store.ensure_collection("legacy", dimensions=512, embedder="use-multilingual-v3")
         document = Document.model_construct(

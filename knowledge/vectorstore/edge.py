@@ -1,0 +1,726 @@
+"""`VectorStore` on Qdrant Edge (``qdrant-edge-py``): Qdrant's engine inside this
+process, the embedded default.
+
+Layout of the store's directory (``<data_dir>/vectors``)::
+
+    .lock                     held (flock) by the process that has the store open
+    <name>/collection.json    what the collection holds (embedder, dimensions) and
+                              which shard directory is live
+    <name>/shard-000001/      the live Edge shard: segments and a write-ahead log
+
+One shard per collection holds both kinds of points: a chunk point per chunk (named
+vectors ``dense``, cosine, and ``sparse``, with Qdrant's IDF modifier; the chunk's
+text and provenance as payload) and a vector-less registry point per document (its
+live version), told apart by the payload field ``kind``. Keyword indexes on
+``kind``, ``doc_id``, ``version``, ``tags``, ``tenant`` and ``bools``.
+
+**Writes** follow the same protocol as `knowledge.vectorstore.qdrant`: upsert the new
+version's chunks, switch the document's registry point (one point: atomic), delete
+the other versions' chunks. Searches keep only chunks of the registry's version, so a
+reader sees a document's old version or its new one, never a mix; a failed upsert
+deletes what it wrote. Every update goes to the shard's write-ahead log before it is
+applied, so a process killed mid-ingest reopens with every acknowledged update; the
+chunks of a document whose switch never happened are invisible, and the next write
+of that document removes them.
+
+**Optimisation.** New points land in an appendable segment that is searched by brute
+force; `optimize` builds HNSW and sparse indexes. qdrant-edge-py's ``optimize()``
+holds the GIL until it is done (seconds to minutes), so it never runs in this
+process: the shard is flushed and copied (writers wait for the copy, readers do
+not), a child process optimises the copy (`_optimize.py`, at a lower CPU priority),
+the documents written meanwhile are copied over from the live shard, and the
+optimised shard replaces the live one in one assignment. Searches already running
+finish on the old shard, which is closed and removed when the last one is done. It
+runs by itself `optimize_delay_s` after the last write once `optimize_min_points`
+points were written or deleted since the last optimisation; the CLI runs it at the
+end of an ingestion.
+
+qdrant-edge-py releases the GIL while it searches and writes, so its calls run on
+worker threads, several at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import qdrant_edge as qe
+
+from knowledge.embeddings.sparse import SparseVector
+from knowledge.errors import KnowledgeError, StoreLockedError, UnknownCollectionError, VectorStoreError
+from knowledge.models import Chunk, Document, SearchHit
+from knowledge.vectorstore._points import (
+    INDEXED,
+    KIND,
+    WRITE_BATCH,
+    bool_token,
+    check_vectors,
+    chunk_payload,
+    chunk_point_id,
+    doc_point_id,
+    entry_payload,
+    fetch_size,
+    hit,
+    metadata_path,
+    stored,
+    unit,
+    valid_collection_name,
+)
+from knowledge.vectorstore.base import (
+    CollectionInfo,
+    DocumentExport,
+    MetadataValue,
+    SearchFilter,
+    SearchMode,
+    StoredChunk,
+    StoredDocument,
+)
+
+__all__ = ["EdgeStore"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_META = "collection.json"
+_FORMAT = 1
+_CHUNK = "chunk"
+_DOC = "doc"
+_EDGE_INDEXED = (*INDEXED, "kind", "bools")
+_OPTIMIZER = Path(__file__).with_name("_optimize.py")
+_SCROLL = 512
+
+
+def _is(key: str, value: Any) -> qe.FieldCondition:
+    return qe.FieldCondition(key=key, match=qe.MatchValue(value))
+
+
+_CHUNKS = _is("kind", _CHUNK)
+_DOCS = _is("kind", _DOC)
+
+
+@dataclass(eq=False)
+class _Shard:
+    """An open shard and the searches and writes using it."""
+
+    shard: qe.EdgeShard
+    path: Path
+    users: int = 0
+    retired: bool = False
+
+
+@dataclass(eq=False)
+class _Collection:
+    name: str
+    dir: Path
+    embedder: str
+    dimensions: int
+    live: _Shard
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    optimize_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pending: int = 0
+    """Points written or deleted since the last optimisation."""
+    dirty: set[str] | None = None
+    """Documents written while an optimisation works on a copy (None: none running)."""
+    timer: asyncio.TimerHandle | None = None
+    background: asyncio.Task[None] | None = None
+
+
+class EdgeStore:
+    """Collections in Qdrant Edge shards under ``path``.
+
+    Args:
+        path: the store's directory (created if missing).
+        optimize_min_points: points written or deleted since the last optimisation
+            that start one by themselves (`optimize` without ``force``).
+        optimize_delay_s: quiet time after the last write before that happens; None:
+            never by itself, only when `optimize` is called.
+
+    Raises:
+        StoreLockedError: another `EdgeStore` (in any process) has ``path`` open.
+    """
+
+    def __init__(self, path: Path, *, optimize_min_points: int = 5000, optimize_delay_s: float | None = 5.0) -> None:
+        self.location = str(path)
+        self._root = path
+        self._min_points = optimize_min_points
+        self._delay = optimize_delay_s
+        path.mkdir(parents=True, exist_ok=True)
+        self._lock_file: Any = open(path / ".lock", "a+")  # noqa: SIM115 - held until aclose
+        try:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise StoreLockedError(str(path)) from None
+        self._collections: dict[str, _Collection] = {}
+        self._open_lock = asyncio.Lock()
+        self._closed = False
+        self._children: set[asyncio.subprocess.Process] = set()
+        # What an earlier process left half done: a collection it was creating, the
+        # copy an optimisation was working on, the shard an optimisation replaced.
+        for entry in path.iterdir():
+            if entry.name.startswith(".creating-"):
+                shutil.rmtree(entry, ignore_errors=True)
+            elif (entry / _META).is_file():
+                live = _read_meta(entry)["shard"]
+                for shard_dir in entry.iterdir():
+                    if shard_dir.is_dir() and shard_dir.name != live:
+                        shutil.rmtree(shard_dir, ignore_errors=True)
+
+    # ---- engine calls --------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _using(self, collection: _Collection) -> AsyncIterator[qe.EdgeShard]:
+        """The collection's live shard, kept open until the caller is done with it
+        even if an optimisation replaces it meanwhile."""
+        handle = collection.live
+        handle.users += 1
+        try:
+            yield handle.shard
+        finally:
+            handle.users -= 1
+            if handle.retired and handle.users == 0:
+                await asyncio.to_thread(_discard, handle)
+
+    async def _run(self, collection: _Collection, fn: Callable[[qe.EdgeShard], T]) -> T:
+        async with self._using(collection) as shard:
+            return await _engine(collection.name, lambda: fn(shard))
+
+    # ---- collections -----------------------------------------------------------------
+
+    def _meta_path(self, name: str) -> Path:
+        return self._root / name / _META
+
+    async def has_collection(self, name: str) -> bool:
+        return self._meta_path(valid_collection_name(name)).is_file()
+
+    def _names(self) -> list[str]:
+        return sorted(p.parent.name for p in self._root.glob(f"*/{_META}"))
+
+    async def _open(self, name: str) -> _Collection:
+        """The collection, its shard loaded on first use.
+
+        Raises:
+            UnknownCollectionError: there is none of that name.
+        """
+        valid_collection_name(name)
+        if self._closed:
+            raise KnowledgeError("the vector store is closed")
+        found = self._collections.get(name)
+        if found is not None:
+            return found
+        async with self._open_lock:
+            found = self._collections.get(name)
+            if found is not None:
+                return found
+            if not self._meta_path(name).is_file():
+                raise UnknownCollectionError(name, self._names())
+            meta = _read_meta(self._root / name)
+            shard_path = self._root / name / meta["shard"]
+            shard = await _engine(name, lambda: qe.EdgeShard.load(str(shard_path)))
+            collection = _Collection(
+                name=name,
+                dir=self._root / name,
+                embedder=str(meta["embedder"]),
+                dimensions=int(meta["dimensions"]),
+                live=_Shard(shard=shard, path=shard_path),
+            )
+            collection.pending = await self._run(collection, _unindexed)
+            self._collections[name] = collection
+            return collection
+
+    async def ensure_collection(self, name: str, *, dimensions: int, embedder: str) -> None:
+        valid_collection_name(name)
+        async with self._open_lock:
+            if not self._meta_path(name).is_file():
+                await _engine(name, lambda: self._create(name, dimensions=dimensions, embedder=embedder))
+                return
+        collection = await self._open(name)
+        if collection.embedder != embedder or collection.dimensions != dimensions:
+            raise KnowledgeError(
+                f"collection {name!r} holds vectors of {collection.embedder!r} ({collection.dimensions} dimensions); "
+                f"the configured embedder is {embedder!r} ({dimensions}): re-ingest into a new collection, or "
+                "configure the embedder it was built with"
+            )
+
+    def _create(self, name: str, *, dimensions: int, embedder: str) -> None:
+        """Build the collection in a hidden directory and rename it into place, so a
+        crash leaves either nothing or a whole collection."""
+        building = self._root / f".creating-{name}-{uuid.uuid4().hex[:8]}"
+        shard_name = "shard-000001"
+        config = qe.EdgeConfig(
+            vectors={"dense": qe.EdgeVectorParams(size=dimensions, distance=qe.Distance.Cosine)},
+            sparse_vectors={"sparse": qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+        )
+        try:
+            shard = qe.EdgeShard.create(str(building / shard_name), config)
+            try:
+                for field_name in _EDGE_INDEXED:
+                    shard.update(qe.UpdateOperation.create_field_index(field_name, qe.PayloadSchemaType.Keyword))
+                shard.flush()
+            finally:
+                shard.close()
+            _write_meta(building, {"kind": KIND, "format": _FORMAT, "embedder": embedder, "dimensions": dimensions, "shard": shard_name})
+            os.rename(building, self._root / name)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+
+    async def collections(self) -> list[CollectionInfo]:
+        out = []
+        for name in self._names():
+            collection = await self._open(name)
+            documents, chunks = await self._run(
+                collection, lambda s: (s.count(qe.CountRequest(filter=qe.Filter(must=[_DOCS]))), s.count(qe.CountRequest(filter=qe.Filter(must=[_CHUNKS]))))
+            )
+            out.append(
+                CollectionInfo(
+                    name=name, documents=documents, chunks=chunks, embedder=collection.embedder, dimensions=collection.dimensions
+                )
+            )
+        return out
+
+    # ---- documents -------------------------------------------------------------------
+
+    async def documents(self, name: str) -> dict[str, StoredDocument]:
+        collection = await self._open(name)
+
+        def scroll(shard: qe.EdgeShard) -> dict[str, StoredDocument]:
+            found: dict[str, StoredDocument] = {}
+            offset = None
+            while True:
+                records, offset = shard.scroll(
+                    qe.ScrollRequest(offset=offset, limit=_SCROLL, filter=qe.Filter(must=[_DOCS]), with_payload=True, with_vector=False)
+                )
+                for record in records:
+                    entry = stored(record.payload or {})
+                    found[entry.doc_id] = entry
+                if offset is None:
+                    return found
+
+        return await self._run(collection, scroll)
+
+    async def document(self, name: str, doc_id: str) -> StoredDocument | None:
+        collection = await self._open(name)
+        return await self._run(collection, lambda s: _entry(s, doc_id))
+
+    async def write_document(
+        self,
+        name: str,
+        document: Document,
+        chunks: Sequence[Chunk],
+        dense: Sequence[Sequence[float]],
+        sparse: Sequence[SparseVector],
+        *,
+        tenant: str | None = None,
+    ) -> None:
+        collection = await self._open(name)
+        check_vectors(chunks, dense, sparse)
+        entry = StoredDocument(
+            doc_id=document.id, version=document.hash, chunks=len(chunks), source=document.source, title=document.title, owner=tenant
+        )
+        payloads = [chunk_payload(document, chunk, tenant=tenant) for chunk in chunks]
+        await self._write(collection, entry, payloads, dense, sparse)
+
+    async def import_document(self, name: str, export: DocumentExport) -> None:
+        collection = await self._open(name)
+        chunks = export.chunks
+        await self._write(collection, export.entry, [c.payload for c in chunks], [c.dense for c in chunks], [c.sparse for c in chunks])
+
+    async def _write(
+        self,
+        collection: _Collection,
+        entry: StoredDocument,
+        payloads: Sequence[Mapping[str, Any]],
+        dense: Sequence[Sequence[float]],
+        sparse: Sequence[SparseVector],
+    ) -> None:
+        points = [
+            qe.Point(
+                id=chunk_point_id(entry.doc_id, entry.version, int(payload["index"])),
+                vector={"dense": [float(v) for v in vector], "sparse": qe.SparseVector(indices=list(sv[0]), values=list(sv[1]))},
+                payload=_chunk_point_payload(payload),
+            )
+            for payload, vector, sv in zip(payloads, dense, sparse, strict=True)
+        ]
+        version = _is("version", entry.version)
+        document = _is("doc_id", entry.doc_id)
+        async with collection.write_lock:
+            if collection.dirty is not None:
+                collection.dirty.add(entry.doc_id)
+            try:
+                for start in range(0, len(points), WRITE_BATCH):
+                    batch = points[start : start + WRITE_BATCH]
+                    await self._run(collection, lambda s, b=batch: s.update(qe.UpdateOperation.upsert_points(b)))  # type: ignore[misc]
+            except BaseException:
+                # Nothing of the new version may stay behind; the old one is still live.
+                rollback = qe.Filter(must=[_CHUNKS, document, version])
+                await asyncio.shield(self._run(collection, lambda s: s.update(qe.UpdateOperation.delete_points_by_filter(rollback))))
+                raise
+            registry = qe.Point(id=doc_point_id(entry.doc_id), vector={}, payload={**entry_payload(entry), "kind": _DOC})
+            stale = qe.Filter(must=[_CHUNKS, document], must_not=[version])
+
+            def switch(shard: qe.EdgeShard) -> None:
+                shard.update(qe.UpdateOperation.upsert_points([registry]))
+                # The new version is live; the chunks of any other version go.
+                shard.update(qe.UpdateOperation.delete_points_by_filter(stale))
+
+            await self._run(collection, switch)
+            collection.pending += len(points)
+        self._written(collection)
+
+    async def delete_document(self, name: str, doc_id: str) -> bool:
+        collection = await self._open(name)
+
+        def delete(shard: qe.EdgeShard) -> bool:
+            existed = _entry(shard, doc_id) is not None
+            # The registry point goes first: from then on readers ignore the chunks.
+            shard.update(qe.UpdateOperation.delete_points([doc_point_id(doc_id)]))
+            shard.update(qe.UpdateOperation.delete_points_by_filter(qe.Filter(must=[_CHUNKS, _is("doc_id", doc_id)])))
+            return existed
+
+        async with collection.write_lock:
+            if collection.dirty is not None:
+                collection.dirty.add(doc_id)
+            existed = await self._run(collection, delete)
+            collection.pending += 1
+        self._written(collection)
+        return existed
+
+    async def export_document(self, name: str, doc_id: str) -> DocumentExport | None:
+        collection = await self._open(name)
+        return await self._run(collection, lambda s: _export(s, doc_id))
+
+    # ---- search ------------------------------------------------------------------------
+
+    async def search(
+        self,
+        name: str,
+        *,
+        dense: Sequence[float] | None,
+        sparse: SparseVector | None,
+        mode: SearchMode,
+        k: int,
+        candidates: int,
+        where: SearchFilter | None = None,
+    ) -> list[SearchHit]:
+        collection = await self._open(name)
+        if sparse is not None and not sparse[0]:
+            sparse = None  # the query has no indexable terms (only stop words)
+        if mode == "sparse" and sparse is None:
+            return []
+        if mode == "hybrid" and sparse is None:
+            mode = "dense"
+        if mode in ("dense", "hybrid") and dense is None:
+            raise KnowledgeError(f"a {mode} search needs the query's dense vector")
+        query_filter = _filter(where)
+        dense_query = qe.Query.Nearest([float(v) for v in dense], using="dense") if dense is not None else None
+        sparse_query = qe.Query.Nearest(qe.SparseVector(indices=list(sparse[0]), values=list(sparse[1])), using="sparse") if sparse else None
+        common: dict[str, Any] = {
+            "limit": fetch_size(k),
+            "filter": query_filter,
+            "with_payload": True,
+            "with_vector": ["dense"] if dense is not None else False,
+        }
+        if mode == "dense":
+            request = qe.QueryRequest(query=dense_query, **common)
+        elif mode == "sparse":
+            request = qe.QueryRequest(query=sparse_query, **common)
+        else:
+            prefetches = [
+                qe.Prefetch(limit=candidates, query=dense_query, filter=query_filter),
+                qe.Prefetch(limit=candidates, query=sparse_query, filter=query_filter),
+            ]
+            request = qe.QueryRequest(query=qe.Fusion.Rrf(k=2), prefetches=prefetches, **common)
+
+        def run(shard: qe.EdgeShard) -> tuple[list[qe.ScoredPoint], dict[str, str]]:
+            points = shard.query(request)
+            doc_ids = {p.payload["doc_id"] for p in points if p.payload}
+            registry = shard.retrieve([doc_point_id(d) for d in doc_ids], with_payload=["doc_id", "version"], with_vector=False)
+            return points, {r.payload["doc_id"]: r.payload["version"] for r in registry if r.payload}
+
+        points, live = await self._run(collection, run)
+        query_unit = unit(dense) if dense is not None else None
+        hits: list[SearchHit] = []
+        for point in points:
+            payload = point.payload or {}
+            if live.get(payload.get("doc_id")) != payload.get("version"):
+                continue
+            vectors = point.vector if isinstance(point.vector, dict) else {}
+            hits.append(hit(payload, point.score, vectors.get("dense"), query_unit))  # type: ignore[arg-type]
+            if len(hits) == k:
+                break
+        return hits
+
+    # ---- optimisation ------------------------------------------------------------------
+
+    def _written(self, collection: _Collection) -> None:
+        """After a write: (re)start the quiet-time timer that optimises by itself."""
+        if self._delay is None or self._closed:
+            return
+        if collection.timer is not None:
+            collection.timer.cancel()
+        loop = asyncio.get_running_loop()
+        collection.timer = loop.call_later(self._delay, self._start_background, collection)
+
+    def _start_background(self, collection: _Collection) -> None:
+        collection.timer = None
+        if self._closed or collection.pending < self._min_points:
+            return
+        if collection.background is not None and not collection.background.done():
+            return  # the running one re-checks when it ends
+        collection.background = asyncio.get_running_loop().create_task(self._optimize_in_background(collection))
+
+    async def _optimize_in_background(self, collection: _Collection) -> None:
+        while not self._closed and collection.pending >= self._min_points:
+            try:
+                await self._optimize(collection)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A background job has no caller to tell: log it; the live shard is
+                # untouched and searches go on unoptimised.
+                log.exception("optimising collection %r failed", collection.name)
+                return
+
+    async def optimize(self, name: str, *, force: bool = False) -> bool:
+        collection = await self._open(name)
+        if not force and collection.pending < self._min_points:
+            return False
+        return await self._optimize(collection)
+
+    async def _optimize(self, collection: _Collection) -> bool:
+        async with collection.optimize_lock:
+            name = collection.name
+            old = collection.live
+            generation = int(old.path.name.rsplit("-", 1)[1]) + 1
+            target = collection.dir / f"shard-{generation:06d}"
+            building = collection.dir / f"shard-{generation:06d}.building"
+            # 1. A consistent copy: writers wait for it, readers do not.
+            async with collection.write_lock:
+                await self._run(collection, lambda s: s.flush())
+                await asyncio.to_thread(shutil.rmtree, building, True)
+                await asyncio.to_thread(shutil.copytree, old.path, building)
+                pending_at_copy = collection.pending
+                collection.dirty = set()
+            try:
+                # 2. The child process optimises the copy.
+                report = await self._run_optimizer(building)
+                await asyncio.to_thread(os.rename, building, target)
+                fresh = await _engine(name, lambda: qe.EdgeShard.load(str(target)))
+            except BaseException:
+                collection.dirty = None
+                await asyncio.to_thread(shutil.rmtree, building, True)
+                await asyncio.to_thread(shutil.rmtree, target, True)
+                raise
+            # 3. Documents written meanwhile are copied over, then the swap.
+            try:
+                async with collection.write_lock:
+                    dirty, collection.dirty = collection.dirty or set(), None
+                    async with self._using(collection) as shard:
+                        await _engine(name, lambda: _copy_documents(shard, fresh, dirty))
+                    await asyncio.to_thread(fresh.flush)
+                    meta = _read_meta(collection.dir)
+                    _write_meta(collection.dir, {**meta, "shard": target.name})
+                    collection.live = _Shard(shard=fresh, path=target)
+                    collection.pending = max(0, collection.pending - pending_at_copy)
+            except BaseException:
+                if collection.live.shard is not fresh:
+                    await asyncio.to_thread(fresh.close)
+                    await asyncio.to_thread(shutil.rmtree, target, True)
+                raise
+            old.retired = True
+            if old.users == 0:
+                await asyncio.to_thread(_discard, old)
+            log.info(
+                "optimised collection %r: %s points in %s segments, %.1fs in the optimiser, %d documents copied after",
+                name, report.get("points"), report.get("segments"), report.get("seconds", 0.0), len(dirty),
+            )
+            return bool(report.get("optimized"))
+
+    async def _run_optimizer(self, path: Path) -> dict[str, Any]:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, str(_OPTIMIZER), str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        self._children.add(child)
+        try:
+            out, err = await child.communicate()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            await child.wait()
+            raise
+        finally:
+            self._children.discard(child)
+        if child.returncode != 0:
+            raise VectorStoreError(
+                f"optimising {path.parent.name!r} failed (exit {child.returncode}): {err.decode(errors='replace')[-500:]}"
+            )
+        return dict(json.loads(out.decode().strip().splitlines()[-1]))
+
+    # ---- closing -----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for collection in self._collections.values():
+            if collection.timer is not None:
+                collection.timer.cancel()
+            task = collection.background
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        for child in list(self._children):
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+        await asyncio.to_thread(self.close_now)
+
+    def close_now(self) -> None:
+        """Close every shard and release the directory (also from synchronous code)."""
+        self._closed = True
+        for collection in self._collections.values():
+            with contextlib.suppress(Exception):
+                collection.live.shard.close()
+        self._collections.clear()
+        if not self._lock_file.closed:
+            self._lock_file.close()
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+async def _engine(name: str, fn: Callable[[], T]) -> T:
+    """Run an engine call on a worker thread; its errors become `VectorStoreError`."""
+    try:
+        return await asyncio.to_thread(fn)
+    except KnowledgeError:
+        raise
+    except Exception as exc:  # the engine raises bare Exception with its message
+        raise VectorStoreError(f"collection {name!r}: {exc}") from exc
+
+
+def _discard(handle: _Shard) -> None:
+    handle.shard.close()
+    shutil.rmtree(handle.path, ignore_errors=True)
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    meta = json.loads((directory / _META).read_text())
+    if meta.get("kind") != KIND or meta.get("format") != _FORMAT:
+        raise KnowledgeError(f"{directory / _META}: not a Switchyard collection of format {_FORMAT}")
+    return dict(meta)
+
+
+def _write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
+    """Replace ``collection.json`` atomically (write, fsync, rename)."""
+    temporary = directory / f".{_META}.{uuid.uuid4().hex[:8]}"
+    with open(temporary, "w") as out:
+        json.dump(meta, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, directory / _META)
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _chunk_point_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored payload of a chunk point: ``kind`` and the ``bools`` tokens added."""
+    metadata = payload.get("metadata") or {}
+    bools = [bool_token(k, v) for k, v in metadata.items() if isinstance(v, bool)]
+    return {**payload, "kind": _CHUNK, "bools": bools}
+
+
+def _unindexed(shard: qe.EdgeShard) -> int:
+    """Chunks whose vectors are not in an index yet (each chunk has two vectors)."""
+    info = shard.info()
+    chunks = shard.count(qe.CountRequest(filter=qe.Filter(must=[_CHUNKS])))
+    return max(0, chunks - info.indexed_vectors_count // 2)
+
+
+def _entry(shard: qe.EdgeShard, doc_id: str) -> StoredDocument | None:
+    records = shard.retrieve([doc_point_id(doc_id)], with_payload=True, with_vector=False)
+    found = [stored(r.payload) for r in records if r.payload and r.payload.get("doc_id") == doc_id]
+    return found[0] if found else None
+
+
+def _export(shard: qe.EdgeShard, doc_id: str) -> DocumentExport | None:
+    entry = _entry(shard, doc_id)
+    if entry is None:
+        return None
+    live = qe.Filter(must=[_CHUNKS, _is("doc_id", doc_id), _is("version", entry.version)])
+    chunks: list[StoredChunk] = []
+    offset = None
+    while True:
+        records, offset = shard.scroll(qe.ScrollRequest(offset=offset, limit=_SCROLL, filter=live, with_payload=True, with_vector=True))
+        for record in records:
+            vectors = record.vector if isinstance(record.vector, dict) else {}
+            sparse_vector = vectors.get("sparse")
+            payload = {k: v for k, v in (record.payload or {}).items() if k not in ("kind", "bools")}
+            chunks.append(
+                StoredChunk(
+                    payload=payload,
+                    dense=list(vectors.get("dense") or []),  # type: ignore[arg-type]
+                    sparse=(list(sparse_vector.indices), list(sparse_vector.values)) if sparse_vector else ([], []),  # type: ignore[union-attr]
+                )
+            )
+        if offset is None:
+            break
+    chunks.sort(key=lambda c: int(c.payload["index"]))
+    return DocumentExport(entry=entry, chunks=chunks)
+
+
+def _copy_documents(source: qe.EdgeShard, target: qe.EdgeShard, doc_ids: set[str]) -> None:
+    """Make each document's points in ``target`` what they are in ``source``: its
+    registry point and every chunk point (all versions, as they are)."""
+    for doc_id in doc_ids:
+        of_document = qe.Filter(must=[_is("doc_id", doc_id)])
+        target.update(qe.UpdateOperation.delete_points_by_filter(of_document))
+        offset = None
+        while True:
+            records, offset = source.scroll(
+                qe.ScrollRequest(offset=offset, limit=WRITE_BATCH, filter=of_document, with_payload=True, with_vector=True)
+            )
+            points = [qe.Point(id=r.id, vector=r.vector or {}, payload=r.payload) for r in records]
+            if points:
+                target.update(qe.UpdateOperation.upsert_points(points))
+            if offset is None:
+                break
+
+
+def _filter(where: SearchFilter | None) -> qe.Filter | None:
+    if where is None:
+        return None
+    must: list[Any] = []
+    if where.doc_ids:
+        must.append(qe.FieldCondition(key="doc_id", match=qe.MatchAny(list(where.doc_ids))))
+    if where.tags:
+        must.append(qe.FieldCondition(key="tags", match=qe.MatchAny(list(where.tags))))
+    if where.tenant is not None:
+        must.append(_is("tenant", where.tenant))
+    for key, value in where.metadata.items():
+        must.append(_metadata_condition(key, value))
+    return qe.Filter(must=must) if must else None
+
+
+def _metadata_condition(key: str, value: MetadataValue) -> qe.FieldCondition:
+    if isinstance(value, bool):
+        return _is("bools", bool_token(key, value))
+    if isinstance(value, float):
+        return qe.FieldCondition(key=metadata_path(key), range=qe.RangeFloat(gte=value, lte=value))
+    return _is(metadata_path(key), value)
