@@ -21,7 +21,9 @@ reader sees a document's old version or its new one, never a mix; a failed upser
 deletes what it wrote. Every update goes to the shard's write-ahead log before it is
 applied, so a process killed mid-ingest reopens with every acknowledged update; the
 chunks of a document whose switch never happened are invisible, and the next write
-of that document removes them.
+of that document removes them. The segments are flushed to disk after the quiet time
+that follows writes (and by `optimize`), which makes the updates survive the machine
+too.
 
 **Optimisation.** New points land in an appendable segment that is searched by brute
 force; `optimize` builds HNSW and sparse indexes. qdrant-edge-py's ``optimize()``
@@ -32,8 +34,8 @@ the documents written meanwhile are copied over from the live shard, and the
 optimised shard replaces the live one in one assignment. Searches already running
 finish on the old shard, which is closed and removed when the last one is done. It
 runs by itself `optimize_delay_s` after the last write once `optimize_min_points`
-points were written or deleted since the last optimisation; the CLI runs it at the
-end of an ingestion.
+points were written or deleted since the last optimisation (otherwise that quiet
+time only flushes); the CLI runs it at the end of an ingestion.
 
 qdrant-edge-py releases the GIL while it searches and writes, so its calls run on
 worker threads, several at once.
@@ -476,27 +478,37 @@ class EdgeStore:
 
     def _start_background(self, collection: _Collection) -> None:
         collection.timer = None
-        if self._closed or collection.pending < self._min_points:
+        if self._closed:
             return
         if collection.background is not None and not collection.background.done():
             return  # the running one re-checks when it ends
-        collection.background = asyncio.get_running_loop().create_task(self._optimize_in_background(collection))
+        collection.background = asyncio.get_running_loop().create_task(self._maintain(collection))
 
-    async def _optimize_in_background(self, collection: _Collection) -> None:
-        while not self._closed and collection.pending >= self._min_points:
-            try:
+    async def _maintain(self, collection: _Collection) -> None:
+        """The quiet-time job: optimise if enough was written, else flush."""
+        try:
+            if collection.pending < self._min_points:
+                await self._flush(collection)
+            while not self._closed and collection.pending >= self._min_points:
                 await self._optimize(collection)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # A background job has no caller to tell: log it; the live shard is
-                # untouched and searches go on unoptimised.
-                log.exception("optimising collection %r failed", collection.name)
-                return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A background job has no caller to tell: log it; the live shard is
+            # untouched and searches go on unoptimised.
+            log.exception("maintaining collection %r failed", collection.name)
+
+    async def _flush(self, collection: _Collection) -> None:
+        """Write the shard's segments to disk. Every acknowledged update is in the
+        write-ahead log already, which survives the process; a flush also makes it
+        survive the machine (the log is not synced on every write)."""
+        async with collection.write_lock:
+            await self._run(collection, lambda s: s.flush())
 
     async def optimize(self, name: str, *, force: bool = False) -> bool:
         collection = await self._open(name)
         if not force and collection.pending < self._min_points:
+            await self._flush(collection)
             return False
         return await self._optimize(collection)
 
