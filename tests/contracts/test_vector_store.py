@@ -276,6 +276,28 @@ async def test_write_and_read_documents(store: VectorStore) -> None:
     assert await store.document(C, "guide") is None  # no prefix matching
 
 
+ODD_IDS = ["a b", "dir/../x.md", "中文/文档.md", "#1", "a#0", "?q=1&x=%20", "it's \"quoted\"", "ü" * 512, "*", "."]
+
+
+async def test_any_storable_document_id(store: VectorStore) -> None:
+    await ready(store)
+    for number, doc_id in enumerate(ODD_IDS):
+        await put(store, make_doc(doc_id, f"doc {number}"), [(vec((0, 1.0), (1, number / 10)), sp((1, 1.0)))] * 2)
+    assert sorted(await store.documents(C)) == sorted(ODD_IDS)
+    for number, doc_id in enumerate(ODD_IDS):
+        entry = await store.document(C, doc_id)
+        assert entry is not None and entry.doc_id == doc_id and entry.chunks == 2
+        hits = await search(store, dense=axis(0), k=50, where=SearchFilter(doc_ids=[doc_id]))
+        assert ids(hits) in ([f"{doc_id}#0", f"{doc_id}#1"], [f"{doc_id}#1", f"{doc_id}#0"]), doc_id
+        assert {h.text for h in hits} == {f"doc {number} #0", f"doc {number} #1"}, doc_id
+        export = await store.export_document(C, doc_id)
+        assert export is not None and export.entry == entry
+    for doc_id in ODD_IDS[::2]:
+        assert await store.delete_document(C, doc_id) is True
+    assert sorted(await store.documents(C)) == sorted(ODD_IDS[1::2])
+    assert sorted({h.doc_id for h in await search(store, dense=axis(0), k=50)}) == sorted(ODD_IDS[1::2])
+
+
 async def test_replacing_a_document_keeps_only_the_new_chunks(store: VectorStore) -> None:
     await ready(store)
     old = make_doc("d", "old version")
@@ -587,6 +609,50 @@ async def test_filters(store: VectorStore, where: SearchFilter, expected: list[s
     await _filter_corpus(store)
     for mode in ("dense", "sparse", "hybrid"):
         hits = await search(store, dense=axis(0), sparse=sp((1, 1.0)), mode=mode, k=10, where=where)  # type: ignore[arg-type]
+        assert sorted(h.doc_id for h in hits) == expected, mode
+
+
+LIST_DOCS = {
+    "lists": {"flags": [True, False], "nums": [1, 2], "words": ["a", "b"], "fl": [2.5], "mixed": [1, "1", True]},
+    "scalars": {"flags": True, "nums": 2, "words": "b", "fl": 2.5, "mixed": 1},
+    "nested": {"obj": {"x": 1}, "flags": {"x": True}, "n": None},
+    "odd_keys": {"": "empty", "x[0]": 1, "it's": "q", "ключ": "v", "a.b.c": True, "$": "dollar", "*": 0.5},
+}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        # A list matches when one of its elements does, whatever the type.
+        ({"nums": 2}, ["lists", "scalars"]),
+        ({"nums": 2.0}, ["lists", "scalars"]),
+        ({"words": "b"}, ["lists", "scalars"]),
+        ({"fl": 2.5}, ["lists", "scalars"]),
+        ({"flags": True}, ["lists", "scalars"]),
+        ({"flags": False}, ["lists"]),
+        ({"mixed": 1}, ["lists", "scalars"]),
+        ({"mixed": "1"}, ["lists"]),
+        ({"mixed": True}, ["lists"]),
+        # Objects and nulls match no value.
+        ({"obj": "x"}, []),
+        ({"n": "None"}, []),
+        # Any key is one top-level field, taken literally.
+        ({"": "empty"}, ["odd_keys"]),
+        ({"x[0]": 1}, ["odd_keys"]),
+        ({"it's": "q"}, ["odd_keys"]),
+        ({"ключ": "v"}, ["odd_keys"]),
+        ({"a.b.c": True}, ["odd_keys"]),
+        ({"$": "dollar"}, ["odd_keys"]),
+        ({"*": 0.5}, ["odd_keys"]),
+    ],
+    ids=repr,
+)
+async def test_filters_on_lists_and_odd_keys(store: VectorStore, metadata: dict[str, Any], expected: list[str]) -> None:
+    await ready(store)
+    for doc_id, fields in LIST_DOCS.items():
+        await put(store, make_doc(doc_id, metadata=fields), [(axis(0), sp((1, 1.0)))])
+    for mode in ("dense", "sparse", "hybrid"):
+        hits = await search(store, dense=axis(0), sparse=sp((1, 1.0)), mode=mode, where=SearchFilter(metadata=metadata))  # type: ignore[arg-type]
         assert sorted(h.doc_id for h in hits) == expected, mode
 
 

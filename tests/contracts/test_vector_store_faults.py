@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from knowledge.models import Document
 from knowledge.vectorstore.base import VectorStore
 from knowledge.vectorstore.edge import EdgeStore
 from tests.contracts.test_vector_store import (
@@ -96,14 +97,28 @@ async def test_a_cancelled_write_leaves_the_old_version_and_no_orphans(store: Ve
 
 
 _KILLED_WRITER = """
-import asyncio, sys
+import asyncio, os, signal, sys
 from pathlib import Path
 from tests.contracts.test_vector_store import C, _open, make_doc, put, sp, vec
 
+# Both stores run every engine call through asyncio.to_thread: the process kills
+# itself (SIGKILL, no clean-up of any kind) as it starts the 8th call, so a few
+# batches of the new version are written and most are not.
+real_to_thread, calls = asyncio.to_thread, 0
+
+async def to_thread_then_die(fn, *args, **kwargs):
+    global calls
+    calls += 1
+    if calls == 8:
+        print("killing", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return await real_to_thread(fn, *args, **kwargs)
+
 async def main() -> None:
     store = _open(sys.argv[1], Path(sys.argv[2]))
-    vectors = [(vec((0, 1.0), (1, i / 50_000)), sp((1, 1.0))) for i in range(50_000)]
-    print("writing", flush=True)
+    # Closer to the query than anything live, so a search has to look past them.
+    vectors = [(vec((0, 1.0), (2, i / 1e7)), sp((1, 1.0))) for i in range(5_000)]
+    asyncio.to_thread = to_thread_then_die
     await put(store, make_doc("d", "new"), vectors)
     print("written", flush=True)
 
@@ -111,45 +126,58 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
-async def test_a_process_killed_mid_write_reopens_with_the_old_version(kind: str, tmp_path: Path) -> None:
+async def _killed_mid_write(kind: str, tmp_path: Path) -> Document:
+    """A store holding ``d`` (3 chunks, returned) and ``other`` (1), then a process
+    killed while it wrote a new 5,000-chunk version of ``d``."""
     store = _open(kind, tmp_path)
     await ready(store)
     old = make_doc("d", "old")
-    await put(store, old, [(axis(0), sp((1, 1.0)))] * 3, tenant="t")
-    await put(store, make_doc("other"), [(axis(1), sp((1, 1.0)))])
+    await put(store, old, [(vec((0, 1.0), (1, 0.5)), sp((1, 1.0)))] * 3, tenant="t")
+    await put(store, make_doc("other"), [(vec((0, 1.0), (1, 0.6)), sp((1, 1.0)))])
     await store.aclose()
-
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _KILLED_WRITER, kind, str(tmp_path), cwd=REPO, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
-    assert child.stdout is not None
     async with asyncio.timeout(120):
-        line = await child.stdout.readline()
-        assert line.strip() == b"writing", line + await child.stdout.read()
-        await asyncio.sleep(0.5)  # some batches in
-        assert child.returncode is None, "the write finished before the kill: write more chunks"
-        child.send_signal(signal.SIGKILL)
-        rest = await child.stdout.read()
-        await child.wait()
-    assert b"written" not in rest, "the write finished before the kill: write more chunks"
+        output, _ = await child.communicate()
+    assert child.returncode == -signal.SIGKILL and output.strip().endswith(b"killing"), output
+    return old
 
-    # The directory's lock died with the process; the old version is what readers see.
+
+@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
+async def test_a_process_killed_mid_write_reopens_with_the_old_version(kind: str, tmp_path: Path) -> None:
+    old = await _killed_mid_write(kind, tmp_path)
+    # The directory's lock died with the process; the old version is live.
     store = _open(kind, tmp_path)
     try:
         assert (await store.document(C, "d")).version == old.hash  # type: ignore[union-attr]
         assert (await store.document(C, "other")) is not None
-        for mode in ("dense", "sparse", "hybrid"):
-            hits = await search(store, dense=axis(0), sparse=sp((1, 1.0)), mode=mode, k=100)  # type: ignore[arg-type]
-            assert sorted(h.text for h in hits if h.doc_id == "d") == ["old #0", "old #1", "old #2"], mode
         export = await store.export_document(C, "d")
         assert export is not None and sorted(c.payload["text"] for c in export.chunks) == ["old #0", "old #1", "old #2"]
+        orphans = (await store.collections())[0].chunks - 4
+        assert orphans > 0, "the kill came before any chunk of the new version was written"
         # What the killed write left is invisible, and the next write of the document
         # removes it.
         await put(store, make_doc("d", "again"), [(axis(0), sp((1, 1.0)))] * 2)
         assert [(c.documents, c.chunks) for c in await store.collections()] == [(2, 3)]
+        assert sorted(h.text for h in await search(store, dense=axis(0), k=10)) == ["again #0", "again #1", "text of other #0"]
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
+async def test_chunks_a_killed_write_left_do_not_hide_live_ones(kind: str, tmp_path: Path) -> None:
+    """The killed write's chunks (about a thousand) are nearer to the query than any
+    live chunk; a search must still give the best k live chunks, not fewer."""
+    await _killed_mid_write(kind, tmp_path)
+    store = _open(kind, tmp_path)
+    try:
+        for mode in ("dense", "sparse", "hybrid"):
+            for k in (4, 100):
+                hits = await search(store, dense=axis(0), sparse=sp((1, 1.0)), mode=mode, k=k)  # type: ignore[arg-type]
+                assert sorted(h.text for h in hits) == ["old #0", "old #1", "old #2", "text of other #0"], (mode, k)
     finally:
         await store.aclose()
 
