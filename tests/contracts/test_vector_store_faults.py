@@ -210,3 +210,27 @@ async def test_closing_during_a_background_optimisation_loses_nothing(tmp_path: 
         assert_same_answers(await _answers(store), answers)
     finally:
         await store.aclose()
+
+
+async def test_a_large_write_in_progress_does_not_hide_live_chunks(store: VectorStore) -> None:
+    """While a 2,000-chunk version of a document is being written, its chunks (nearer
+    to the query than anything live, invisible until the switch) are in the store:
+    searches meanwhile must still give k live chunks."""
+    await ready(store)
+    await put(store, make_doc("d", "old"), [(vec((0, 1.0), (1, 0.5)), sp((1, 1.0)))] * 3)
+    await put(store, make_doc("other"), [(vec((0, 1.0), (1, 0.6)), sp((1, 1.0)))])
+    vectors = [(vec((0, 1.0), (2, i / 1e7)), sp((1, 1.0))) for i in range(2_000)]
+    short: list[tuple[str, int]] = []
+    searches = 0
+    async with asyncio.timeout(300):
+        writing = asyncio.create_task(put(store, make_doc("d", "new"), vectors))
+        while not writing.done():
+            for mode in ("dense", "sparse", "hybrid"):
+                hits = await search(store, dense=axis(0), sparse=sp((1, 1.0)), mode=mode, k=4)  # type: ignore[arg-type]
+                searches += 1
+                if len(hits) != 4:
+                    short.append((mode, len(hits)))
+            await asyncio.sleep(0)
+        await writing
+    assert searches >= 3
+    assert not short, f"{len(short)} of {searches} searches gave fewer than k=4 hits: {short[:5]}"
