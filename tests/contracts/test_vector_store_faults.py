@@ -1,7 +1,9 @@
 """Faults every vector store must survive the same way: many readers racing a
-writer, a write cancelled part-way (a client that disconnects), and a process killed
-mid-write. Run on Qdrant Edge and qdrant-client's local mode, each test in a fresh
-directory, with the hand-made vectors of `test_vector_store`."""
+writer, a write cancelled part-way (a client that disconnects), a process killed
+mid-write, searches while a large write is in progress, and (Qdrant Edge only, the
+one that optimises) closing during a background optimisation. Run on Qdrant Edge and
+qdrant-client's local mode, each test in a fresh directory, with the hand-made
+vectors of `test_vector_store`."""
 
 from __future__ import annotations
 
