@@ -65,16 +65,19 @@ from knowledge.models import Chunk, Document, SearchHit
 from knowledge.vectorstore._points import (
     INDEXED,
     KIND,
+    SwitchLock,
     WRITE_BATCH,
     bool_token,
+    bool_tokens,
     check_vectors,
     chunk_payload,
     chunk_point_id,
     doc_point_id,
     entry_payload,
     fetch_size,
-    hit,
     metadata_path,
+    search_live,
+    still_excluded,
     stored,
     unit,
     valid_collection_name,
@@ -130,6 +133,7 @@ class _Collection:
     dimensions: int
     live: _Shard
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    switch_lock: SwitchLock = field(default_factory=SwitchLock)
     optimize_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pending: int = 0
     """Points written or deleted since the last optimisation."""
@@ -193,7 +197,9 @@ class EdgeStore:
         finally:
             handle.users -= 1
             if handle.retired and handle.users == 0:
-                await asyncio.to_thread(_discard, handle)
+                # Shielded: a caller cancelled now (a client gone) must not leave the
+                # replaced shard open.
+                await asyncio.shield(asyncio.to_thread(_discard, handle))
 
     async def _run(self, collection: _Collection, fn: Callable[[qe.EdgeShard], T]) -> T:
         async with self._using(collection) as shard:
@@ -378,7 +384,8 @@ class EdgeStore:
                 # The new version is live; the chunks of any other version go.
                 shard.update(qe.UpdateOperation.delete_points_by_filter(stale))
 
-            await self._run(collection, switch)
+            async with collection.switch_lock.switching():
+                await self._run(collection, switch)
             collection.pending += len(points)
         self._written(collection)
 
@@ -395,7 +402,8 @@ class EdgeStore:
         async with collection.write_lock:
             if collection.dirty is not None:
                 collection.dirty.add(doc_id)
-            existed = await self._run(collection, delete)
+            async with collection.switch_lock.switching():
+                existed = await self._run(collection, delete)
             collection.pending += 1
         self._written(collection)
         return existed
@@ -426,44 +434,40 @@ class EdgeStore:
             mode = "dense"
         if mode in ("dense", "hybrid") and dense is None:
             raise KnowledgeError(f"a {mode} search needs the query's dense vector")
-        query_filter = _filter(where)
         dense_query = qe.Query.Nearest([float(v) for v in dense], using="dense") if dense is not None else None
         sparse_query = qe.Query.Nearest(qe.SparseVector(indices=list(sparse[0]), values=list(sparse[1])), using="sparse") if sparse else None
-        common: dict[str, Any] = {
-            "limit": fetch_size(k),
-            "filter": query_filter,
-            "with_payload": True,
-            "with_vector": ["dense"] if dense is not None else False,
-        }
-        if mode == "dense":
-            request = qe.QueryRequest(query=dense_query, **common)
-        elif mode == "sparse":
-            request = qe.QueryRequest(query=sparse_query, **common)
-        else:
+
+        def request(excluded: frozenset[tuple[str, str]], widen: int) -> qe.QueryRequest:
+            query_filter = _filter(where, excluded)
+            common: dict[str, Any] = {
+                "limit": fetch_size(k) * widen,
+                "filter": query_filter,
+                "with_payload": True,
+                "with_vector": ["dense"] if dense is not None else False,
+            }
+            if mode == "dense":
+                return qe.QueryRequest(query=dense_query, **common)
+            if mode == "sparse":
+                return qe.QueryRequest(query=sparse_query, **common)
             prefetches = [
-                qe.Prefetch(limit=candidates, query=dense_query, filter=query_filter),
-                qe.Prefetch(limit=candidates, query=sparse_query, filter=query_filter),
+                qe.Prefetch(limit=candidates * widen, query=dense_query, filter=query_filter),
+                qe.Prefetch(limit=candidates * widen, query=sparse_query, filter=query_filter),
             ]
-            request = qe.QueryRequest(query=qe.Fusion.Rrf(k=2), prefetches=prefetches, **common)
+            return qe.QueryRequest(query=qe.Fusion.Rrf(k=2), prefetches=prefetches, **common)
 
-        def run(shard: qe.EdgeShard) -> tuple[list[qe.ScoredPoint], dict[str, str]]:
-            points = shard.query(request)
-            doc_ids = {p.payload["doc_id"] for p in points if p.payload}
-            registry = shard.retrieve([doc_point_id(d) for d in doc_ids], with_payload=["doc_id", "version"], with_vector=False)
-            return points, {r.payload["doc_id"]: r.payload["version"] for r in registry if r.payload}
+        def run(shard: qe.EdgeShard, excluded: frozenset[tuple[str, str]], widen: int) -> Any:
+            if excluded:
+                excluded = still_excluded(excluded, _live_versions(shard, {doc_id for doc_id, _ in excluded}))
+            points = shard.query(request(excluded, widen))
+            live = _live_versions(shard, {p.payload["doc_id"] for p in points if p.payload})
+            found = [(p.payload or {}, p.score, p.vector.get("dense") if isinstance(p.vector, dict) else None) for p in points]
+            return found, live, excluded
 
-        points, live = await self._run(collection, run)
-        query_unit = unit(dense) if dense is not None else None
-        hits: list[SearchHit] = []
-        for point in points:
-            payload = point.payload or {}
-            if live.get(payload.get("doc_id")) != payload.get("version"):
-                continue
-            vectors = point.vector if isinstance(point.vector, dict) else {}
-            hits.append(hit(payload, point.score, vectors.get("dense"), query_unit))  # type: ignore[arg-type]
-            if len(hits) == k:
-                break
-        return hits
+        async def query(excluded: frozenset[tuple[str, str]], widen: int) -> Any:
+            async with collection.switch_lock.reading():
+                return await self._run(collection, lambda s: run(s, excluded, widen))
+
+        return await search_live(query, k=k, query_unit=unit(dense) if dense is not None else None)
 
     # ---- optimisation ------------------------------------------------------------------
 
@@ -559,7 +563,7 @@ class EdgeStore:
                 "optimised collection %r: %s points in %s segments, %.1fs in the optimiser, %d documents copied after",
                 name, report.get("points"), report.get("segments"), report.get("seconds", 0.0), len(dirty),
             )
-            return bool(report.get("optimized"))
+            return True  # a new shard: vacuumed, merged, and indexed where large enough
 
     async def _run_optimizer(self, path: Path) -> dict[str, Any]:
         child = await asyncio.create_subprocess_exec(
@@ -653,9 +657,7 @@ def _write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
 
 def _chunk_point_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     """The stored payload of a chunk point: ``kind`` and the ``bools`` tokens added."""
-    metadata = payload.get("metadata") or {}
-    bools = [bool_token(k, v) for k, v in metadata.items() if isinstance(v, bool)]
-    return {**payload, "kind": _CHUNK, "bools": bools}
+    return {**payload, "kind": _CHUNK, "bools": bool_tokens(payload.get("metadata") or {})}
 
 
 def _unindexed(shard: qe.EdgeShard) -> int:
@@ -715,9 +717,17 @@ def _copy_documents(source: qe.EdgeShard, target: qe.EdgeShard, doc_ids: set[str
                 break
 
 
-def _filter(where: SearchFilter | None) -> qe.Filter | None:
+def _live_versions(shard: qe.EdgeShard, doc_ids: set[str]) -> dict[str, str]:
+    registry = shard.retrieve([doc_point_id(d) for d in doc_ids], with_payload=["doc_id", "version"], with_vector=False)
+    return {r.payload["doc_id"]: r.payload["version"] for r in registry if r.payload}
+
+
+def _filter(where: SearchFilter | None, excluded: frozenset[tuple[str, str]] = frozenset()) -> qe.Filter | None:
+    """``where`` as a Qdrant filter, without the chunks of the ``excluded``
+    (doc id, version) pairs."""
+    must_not: list[Any] = [qe.Filter(must=[_is("doc_id", d), _is("version", v)]) for d, v in sorted(excluded)]
     if where is None:
-        return None
+        return qe.Filter(must_not=must_not) if must_not else None
     must: list[Any] = []
     if where.doc_ids:
         must.append(qe.FieldCondition(key="doc_id", match=qe.MatchAny(list(where.doc_ids))))
@@ -727,7 +737,9 @@ def _filter(where: SearchFilter | None) -> qe.Filter | None:
         must.append(_is("tenant", where.tenant))
     for key, value in where.metadata.items():
         must.append(_metadata_condition(key, value))
-    return qe.Filter(must=must) if must else None
+    if not must and not must_not:
+        return None
+    return qe.Filter(must=must or None, must_not=must_not or None)
 
 
 def _metadata_condition(key: str, value: MetadataValue) -> qe.FieldCondition:

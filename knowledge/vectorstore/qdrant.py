@@ -40,21 +40,23 @@ from typing import Any, TypeVar
 from qdrant_client import AsyncQdrantClient, QdrantClient, models
 
 from knowledge.embeddings.sparse import SparseVector
-from knowledge.errors import KnowledgeError, StoreLockedError, UnknownCollectionError
+from knowledge.errors import KnowledgeError, StoreLockedError, UnknownCollectionError, VectorStoreError
 from knowledge.models import Chunk, Document, SearchHit
 from knowledge.vectorstore._points import (
     INDEXED,
     KIND,
     REGISTRY_SUFFIX,
     WRITE_BATCH,
+    SwitchLock,
     check_vectors,
     chunk_payload,
     chunk_point_id,
     doc_point_id,
     entry_payload,
     fetch_size,
-    hit,
     metadata_path,
+    search_live,
+    still_excluded,
     stored,
     unit,
     valid_collection_name,
@@ -94,6 +96,7 @@ class QdrantStore:
         self._local: QdrantClient | None = None
         self._remote: AsyncQdrantClient | None = None
         self._lock = threading.Lock()
+        self._switch_locks: dict[str, SwitchLock] = {}
         self.location = url or str(path)
         if url:
             self._remote = AsyncQdrantClient(url=url, api_key=api_key)
@@ -108,6 +111,16 @@ class QdrantStore:
                 raise
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One qdrant-client call; what it raises becomes `VectorStoreError` (the
+        client raises ValueError, HTTP and connection errors of its own)."""
+        try:
+            return await self._client_call(method, *args, **kwargs)
+        except KnowledgeError:
+            raise
+        except Exception as exc:  # boundary: the client's errors, named
+            raise VectorStoreError(f"{method} on {self.location}: {exc}") from exc
+
+    async def _client_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if self._remote is not None:
             return await getattr(self._remote, method)(*args, **kwargs)
         local = self._local
@@ -122,6 +135,11 @@ class QdrantStore:
                 return getattr(local, method)(*args, **kwargs)
 
         return await asyncio.to_thread(run)
+
+    def _switch_lock(self, name: str) -> SwitchLock:
+        # Only names of existing collections get here (checked first), so the dict is
+        # bounded by the collections.
+        return self._switch_locks.setdefault(name, SwitchLock())
 
     # ---- collections -----------------------------------------------------------------
 
@@ -265,10 +283,11 @@ class QdrantStore:
             await asyncio.shield(self._delete_version(name, entry.doc_id, entry.version))
             raise
         registry_point = models.PointStruct(id=doc_point_id(entry.doc_id), vector={}, payload=entry_payload(entry))
-        await self._call("upsert", name + REGISTRY_SUFFIX, [registry_point], wait=True)
-        # The new version is live; the chunks of any other version go.
         stale = models.Filter(must=[_match("doc_id", entry.doc_id)], must_not=[_match("version", entry.version)])
-        await self._call("delete", name, points_selector=models.FilterSelector(filter=stale), wait=True)
+        async with self._switch_lock(name).switching():
+            await self._call("upsert", name + REGISTRY_SUFFIX, [registry_point], wait=True)
+            # The new version is live; the chunks of any other version go.
+            await self._call("delete", name, points_selector=models.FilterSelector(filter=stale), wait=True)
 
     async def _delete_version(self, name: str, doc_id: str, version: str) -> None:
         selector = models.FilterSelector(filter=models.Filter(must=[_match("doc_id", doc_id), _match("version", version)]))
@@ -277,10 +296,13 @@ class QdrantStore:
     async def delete_document(self, name: str, doc_id: str) -> bool:
         await self._require(name)
         existing = await self._call("retrieve", name + REGISTRY_SUFFIX, ids=[doc_point_id(doc_id)], with_payload=False)
-        # The registry entry goes first: from then on readers ignore the chunks.
-        await self._call("delete", name + REGISTRY_SUFFIX, points_selector=models.PointIdsList(points=[doc_point_id(doc_id)]), wait=True)
         selector = models.FilterSelector(filter=models.Filter(must=[_match("doc_id", doc_id)]))
-        await self._call("delete", name, points_selector=selector, wait=True)
+        async with self._switch_lock(name).switching():
+            # The registry entry goes first: from then on readers ignore the chunks.
+            await self._call(
+                "delete", name + REGISTRY_SUFFIX, points_selector=models.PointIdsList(points=[doc_point_id(doc_id)]), wait=True
+            )
+            await self._call("delete", name, points_selector=selector, wait=True)
         return bool(existing)
 
     async def export_document(self, name: str, doc_id: str) -> DocumentExport | None:
@@ -338,40 +360,40 @@ class QdrantStore:
             mode = "dense"
         if mode in ("dense", "hybrid") and dense is None:
             raise KnowledgeError(f"a {mode} search needs the query's dense vector")
-        common: dict[str, Any] = {
-            "query_filter": _filter(where),
-            "limit": fetch_size(k),
-            "with_payload": True,
-            "with_vectors": ["dense"] if dense is not None else False,
-        }
-        if mode == "dense":
-            response = await self._call("query_points", name, query=list(dense or []), using="dense", **common)
-        elif mode == "sparse":
-            assert sparse is not None
-            query = models.SparseVector(indices=sparse[0], values=sparse[1])
-            response = await self._call("query_points", name, query=query, using="sparse", **common)
-        else:
-            assert sparse is not None and dense is not None
-            prefetch = [
-                models.Prefetch(query=list(dense), using="dense", limit=candidates),
-                models.Prefetch(query=models.SparseVector(indices=sparse[0], values=sparse[1]), using="sparse", limit=candidates),
-            ]
-            response = await self._call(
-                "query_points", name, prefetch=prefetch, query=models.FusionQuery(fusion=models.Fusion.RRF), **common
-            )
-        points = response.points
-        live = await self._live_versions(name, {p.payload["doc_id"] for p in points if p.payload})
-        query_unit = unit(dense) if dense is not None else None
-        hits = []
-        for point in points:
-            payload = point.payload or {}
-            if live.get(payload.get("doc_id")) != payload.get("version"):
-                continue
-            vectors = point.vector if isinstance(point.vector, dict) else {}
-            hits.append(hit(payload, point.score, vectors.get("dense"), query_unit))  # type: ignore[arg-type]
-            if len(hits) == k:
-                break
-        return hits
+
+        async def query(excluded: frozenset[tuple[str, str]], widen: int) -> Any:
+            async with self._switch_lock(name).reading():
+                if excluded:
+                    excluded = still_excluded(excluded, await self._live_versions(name, {d for d, _ in excluded}))
+                query_filter = _filter(where, excluded)
+                common: dict[str, Any] = {
+                    "query_filter": query_filter,
+                    "limit": fetch_size(k) * widen,
+                    "with_payload": True,
+                    "with_vectors": ["dense"] if dense is not None else False,
+                }
+                if mode == "dense":
+                    response = await self._call("query_points", name, query=list(dense or []), using="dense", **common)
+                elif mode == "sparse":
+                    assert sparse is not None
+                    query = models.SparseVector(indices=sparse[0], values=sparse[1])
+                    response = await self._call("query_points", name, query=query, using="sparse", **common)
+                else:
+                    assert sparse is not None and dense is not None
+                    sparse_query = models.SparseVector(indices=sparse[0], values=sparse[1])
+                    prefetch = [
+                        models.Prefetch(query=list(dense), using="dense", limit=candidates * widen, filter=query_filter),
+                        models.Prefetch(query=sparse_query, using="sparse", limit=candidates * widen, filter=query_filter),
+                    ]
+                    response = await self._call(
+                        "query_points", name, prefetch=prefetch, query=models.FusionQuery(fusion=models.Fusion.RRF), **common
+                    )
+                points = response.points
+                live = await self._live_versions(name, {p.payload["doc_id"] for p in points if p.payload})
+            found = [(p.payload or {}, p.score, p.vector.get("dense") if isinstance(p.vector, dict) else None) for p in points]
+            return found, live, excluded
+
+        return await search_live(query, k=k, query_unit=unit(dense) if dense is not None else None)
 
     async def _live_versions(self, name: str, doc_ids: set[str]) -> dict[str, str]:
         if not doc_ids:
@@ -406,9 +428,14 @@ def _locked(lock: threading.Lock, fn: Callable[[], T]) -> Callable[[], T]:
     return run
 
 
-def _filter(where: SearchFilter | None) -> models.Filter | None:
+def _filter(where: SearchFilter | None, excluded: frozenset[tuple[str, str]] = frozenset()) -> models.Filter | None:
+    """``where`` as a Qdrant filter, without the chunks of the ``excluded``
+    (doc id, version) pairs."""
+    must_not: list[models.Condition] = [
+        models.Filter(must=[_match("doc_id", d), _match("version", v)]) for d, v in sorted(excluded)
+    ]
     if where is None:
-        return None
+        return models.Filter(must_not=must_not) if must_not else None
     must: list[models.Condition] = []
     if where.doc_ids:
         must.append(models.FieldCondition(key="doc_id", match=models.MatchAny(any=list(where.doc_ids))))
@@ -418,7 +445,9 @@ def _filter(where: SearchFilter | None) -> models.Filter | None:
         must.append(_match("tenant", where.tenant))
     for key, value in where.metadata.items():
         must.append(_metadata_condition(key, value))
-    return models.Filter(must=must) if must else None
+    if not must and not must_not:
+        return None
+    return models.Filter(must=must or None, must_not=must_not or None)
 
 
 def _metadata_condition(key: str, value: MetadataValue) -> models.FieldCondition:

@@ -781,6 +781,10 @@ async def test_the_same_queries_give_the_same_answers_on_every_store(tmp_path: P
         for store in stores.values():
             await ready(store)
             await _build(store, history=history == "replaced-and-deleted")
+        if history == "replaced-and-deleted":
+            # Edge counts replaced and deleted chunks in IDF until its segments are
+            # rebuilt (test_answers_depend_only_on_live_documents).
+            await stores["edge"].optimize(C, force=True)
         infos = {kind: await store.collections() for kind, store in stores.items()}
         assert infos["edge"] == infos["qdrant-local"]
         assert await stores["edge"].documents(C) == await stores["qdrant-local"].documents(C)
@@ -806,10 +810,28 @@ async def test_the_same_queries_give_the_same_answers_on_every_store(tmp_path: P
             await store.aclose()
 
 
-async def test_answers_depend_only_on_live_documents(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "before_optimising",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="qdrant-edge-py 0.9.0 counts replaced and deleted chunks in IDF until the segments are rebuilt; "
+                "a pass here means the engine changed (update docs/knowledge.md)",
+            ),
+        ),
+    ],
+    ids=["optimised", "before-optimising"],
+)
+async def test_answers_depend_only_on_live_documents(kind: str, tmp_path: Path, before_optimising: bool) -> None:
     """A store where documents were replaced and deleted answers like a fresh store
     holding only the live documents: hidden chunks count nowhere, not even in the
-    sparse term statistics (IDF) that weigh a query's terms."""
+    sparse term statistics (IDF) that weigh a query's terms (on Edge: once the
+    collection is optimised, which the store does after enough writes)."""
+    if before_optimising and kind != "edge":
+        pytest.skip("local mode computes IDF from live points; the engine-specific case is Edge's")
     with_history = _open(kind, tmp_path / "history")
     fresh = _open(kind, tmp_path / "fresh")
     try:
@@ -818,6 +840,10 @@ async def test_answers_depend_only_on_live_documents(kind: str, tmp_path: Path) 
         await _build(with_history, history=True)
         for document, tenant, vectors in _live_corpus():
             await put(fresh, document, vectors, tenant=tenant)
+        if kind == "edge" and not before_optimising:
+            # Qdrant's engine keeps replaced and deleted chunks in its sparse term
+            # statistics (IDF) until the collection's segments are rebuilt.
+            await with_history.optimize(C, force=True)
         assert await with_history.documents(C) == await fresh.documents(C)
         assert await with_history.collections() == await fresh.collections()
         for number, query in enumerate(_congruence_queries()):
