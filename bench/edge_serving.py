@@ -90,6 +90,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    questions = [json.loads(line)["q"] for line in QUESTIONS.read_text().splitlines() if line.strip()]
     work = Path(tempfile.mkdtemp(prefix="edge-serving-"))
     data_dir = work / "data"
     source = work / "big"
@@ -107,7 +108,6 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    questions = [json.loads(line)["q"] for line in QUESTIONS.read_text().splitlines() if line.strip()]
     latencies: dict[str, list[float]] = {}
     failures: list[dict[str, Any]] = []
     timeline: list[tuple[float, str]] = []
@@ -210,6 +210,8 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
+    # A SIGTERM (timeout(1), a CI cancel) unwinds through the finally that stops the server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = asyncio.run(_main(args))
     print(json.dumps(result, indent=2))
     if not args.no_save:
