@@ -69,7 +69,7 @@ def _phase(data_dir: Path, ingest_running: bool, ingest_started: bool) -> str:
         return "idle"
     if ingest_running:
         return "ingest"
-    if list(big.glob("*.building")):
+    if list(big.glob("*.building-*")):
         return "optimise"
     meta = big / "collection.json"
     if meta.is_file() and json.loads(meta.read_text())["shard"] != "shard-000001":

@@ -116,7 +116,11 @@ def ingest(
                 # that, brute force is as fast); searches need not wait for a server.
                 if show_bar:
                     typer.echo("optimising the collection's indexes...", err=True)
-                await target.optimize(collection)
+                try:
+                    await target.optimize(collection)
+                except KnowledgeError as exc:
+                    # Every document is stored; only the indexes wait for the next try.
+                    typer.echo(f"warning: {exc}; run `switchyard knowledge optimize --collection {collection}`", err=True)
             return done
 
     report = asyncio.run(run())

@@ -201,17 +201,25 @@ class _EvalKnowledge:
             self._kb = shared  # a Qdrant server: scratch collections under their own names there
             self.shared = True
             return self._kb
-        if shared is not None:
-            embedder = shared.embedder
-        else:
-            embedder = build_embedder(settings.knowledge, self._platform.gateway)
-            self._own_embedder = True
+        # The store first: when it is locked (another eval on this directory), no
+        # embedder was built to be left open.
+        store: QdrantStore | EdgeStore
         if settings.knowledge.qdrant_url is not None:
             store = QdrantStore(url=settings.knowledge.qdrant_url, api_key=settings.knowledge.qdrant_api_key)
             self.shared = True
         else:
             # Optimised only on request: the eval's corpora are small, and its runs end.
             store = EdgeStore(settings.eval_runs_dir / "vectors", optimize_delay_s=None)
+        if shared is not None:
+            embedder = shared.embedder
+        else:
+            try:
+                embedder = build_embedder(settings.knowledge, self._platform.gateway)
+            except BaseException:
+                if isinstance(store, EdgeStore):
+                    store.close_now()
+                raise
+            self._own_embedder = True
         self._own_store = True
         self._kb = KnowledgeBase(store, embedder, settings.knowledge)
         return self._kb

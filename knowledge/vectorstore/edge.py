@@ -104,6 +104,9 @@ _CHUNK = "chunk"
 _DOC = "doc"
 _EDGE_INDEXED = (*INDEXED, "kind", "bools")
 _OPTIMIZER = Path(__file__).with_name("_optimize.py")
+_MAX_WAIT = 6
+"""A collection written to without a pause is flushed or optimised at the latest this
+many quiet times after its first write since the last run."""
 _SCROLL = 512
 
 
@@ -140,6 +143,8 @@ class _Collection:
     dirty: set[str] | None = None
     """Documents written while an optimisation works on a copy (None: none running)."""
     timer: asyncio.TimerHandle | None = None
+    unsettled_since: float | None = None
+    """Loop time of the first write since the quiet-time job last started."""
     background: asyncio.Task[None] | None = None
 
 
@@ -170,16 +175,29 @@ class EdgeStore:
             self._lock_file.close()
             raise StoreLockedError(str(path)) from None
         self._collections: dict[str, _Collection] = {}
+        self._loading: dict[str, asyncio.Future[_Collection]] = {}
         self._open_lock = asyncio.Lock()
         self._closed = False
         self._children: set[asyncio.subprocess.Process] = set()
-        # What an earlier process left half done: a collection it was creating, the
-        # copy an optimisation was working on, the shard an optimisation replaced.
-        for entry in path.iterdir():
+        try:
+            self._clean_up()
+        except BaseException:
+            self._lock_file.close()
+            raise
+
+    def _clean_up(self) -> None:
+        """Remove what an earlier process left half done: a collection it was creating,
+        the copy an optimisation was working on, the shard an optimisation replaced."""
+        for entry in self._root.iterdir():
             if entry.name.startswith(".creating-"):
                 shutil.rmtree(entry, ignore_errors=True)
             elif (entry / _META).is_file():
-                live = _read_meta(entry)["shard"]
+                try:
+                    live = _read_meta(entry)["shard"]
+                except (KnowledgeError, OSError, ValueError, KeyError) as exc:
+                    # One unreadable collection must not keep the others from serving.
+                    log.error("vector store: %s is unreadable (%s); that collection is left alone", entry / _META, exc)
+                    continue
                 for shard_dir in entry.iterdir():
                     if shard_dir.is_dir() and shard_dir.name != live:
                         shutil.rmtree(shard_dir, ignore_errors=True)
@@ -214,7 +232,13 @@ class EdgeStore:
         return self._meta_path(valid_collection_name(name)).is_file()
 
     def _names(self) -> list[str]:
-        return sorted(p.parent.name for p in self._root.glob(f"*/{_META}"))
+        names = []
+        for meta in self._root.glob(f"*/{_META}"):
+            try:
+                names.append(valid_collection_name(meta.parent.name))
+            except KnowledgeError:
+                continue  # a collection being created (.creating-...), or not ours
+        return sorted(names)
 
     async def _open(self, name: str) -> _Collection:
         """The collection, its shard loaded on first use.
@@ -228,25 +252,41 @@ class EdgeStore:
         found = self._collections.get(name)
         if found is not None:
             return found
-        async with self._open_lock:
-            found = self._collections.get(name)
-            if found is not None:
-                return found
+        loading = self._loading.get(name)
+        if loading is None:
             if not self._meta_path(name).is_file():
                 raise UnknownCollectionError(name, self._names())
+            # A task of its own: a caller cancelled mid-load (a request timing out)
+            # must not drop a loaded shard that still holds its write-ahead log.
+            loading = asyncio.ensure_future(self._load(name))
+            self._loading[name] = loading
+            loading.add_done_callback(lambda _: self._loading.pop(name, None))
+        return await asyncio.shield(loading)
+
+    async def _load(self, name: str) -> _Collection:
+        try:
             meta = _read_meta(self._root / name)
-            shard_path = self._root / name / meta["shard"]
-            shard = await _engine(name, lambda: qe.EdgeShard.load(str(shard_path)))
-            collection = _Collection(
-                name=name,
-                dir=self._root / name,
-                embedder=str(meta["embedder"]),
-                dimensions=int(meta["dimensions"]),
-                live=_Shard(shard=shard, path=shard_path),
-            )
-            collection.pending = await self._run(collection, _unindexed)
-            self._collections[name] = collection
-            return collection
+        except (OSError, ValueError, KeyError) as exc:
+            raise VectorStoreError(f"collection {name!r}: {self._meta_path(name)} is unreadable: {exc}") from exc
+        shard_path = self._root / name / meta["shard"]
+        shard = await _engine(name, lambda: qe.EdgeShard.load(str(shard_path)))
+        collection = _Collection(
+            name=name,
+            dir=self._root / name,
+            embedder=str(meta["embedder"]),
+            dimensions=int(meta["dimensions"]),
+            live=_Shard(shard=shard, path=shard_path),
+            # Written at every flush; a collection from before that counter counts whole.
+            pending=int(meta["pending"]) if "pending" in meta else await self._run_on(name, shard, _chunk_count),
+        )
+        if self._closed:
+            await asyncio.to_thread(shard.close)
+            raise KnowledgeError("the vector store is closed")
+        self._collections[name] = collection
+        return collection
+
+    async def _run_on(self, name: str, shard: qe.EdgeShard, fn: Callable[[qe.EdgeShard], T]) -> T:
+        return await _engine(name, lambda: fn(shard))
 
     async def ensure_collection(self, name: str, *, dimensions: int, embedder: str) -> None:
         valid_collection_name(name)
@@ -279,7 +319,7 @@ class EdgeStore:
                 shard.flush()
             finally:
                 shard.close()
-            _write_meta(building, {"kind": KIND, "format": _FORMAT, "embedder": embedder, "dimensions": dimensions, "shard": shard_name})
+            _write_meta(building, {"kind": KIND, "format": _FORMAT, "embedder": embedder, "dimensions": dimensions, "shard": shard_name, "pending": 0})
             os.rename(building, self._root / name)
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
@@ -288,7 +328,11 @@ class EdgeStore:
     async def collections(self) -> list[CollectionInfo]:
         out = []
         for name in self._names():
-            collection = await self._open(name)
+            try:
+                collection = await self._open(name)
+            except VectorStoreError as exc:
+                log.error("vector store: collection %r is not listed: %s", name, exc)
+                continue
             documents, chunks = await self._run(
                 collection, lambda s: (s.count(qe.CountRequest(filter=qe.Filter(must=[_DOCS]))), s.count(qe.CountRequest(filter=qe.Filter(must=[_CHUNKS]))))
             )
@@ -367,17 +411,25 @@ class EdgeStore:
         async with collection.write_lock:
             if collection.dirty is not None:
                 collection.dirty.add(entry.doc_id)
+            live = await self._run(collection, lambda s: _entry(s, entry.doc_id))
+            # The same content written again (another source or owner): its chunks
+            # overwrite the live ones in place, so a failure must not delete them.
+            rewrite = live is not None and live.version == entry.version
             try:
                 for start in range(0, len(points), WRITE_BATCH):
                     batch = points[start : start + WRITE_BATCH]
                     await self._run(collection, lambda s, b=batch: s.update(qe.UpdateOperation.upsert_points(b)))  # type: ignore[misc]
             except BaseException:
-                # Nothing of the new version may stay behind; the old one is still live.
-                rollback = qe.Filter(must=[_CHUNKS, document, version])
-                await asyncio.shield(self._run(collection, lambda s: s.update(qe.UpdateOperation.delete_points_by_filter(rollback))))
+                if not rewrite:
+                    # Nothing of the new version may stay behind; the old one is still live.
+                    rollback = qe.Filter(must=[_CHUNKS, document, version])
+                    await asyncio.shield(self._run(collection, lambda s: s.update(qe.UpdateOperation.delete_points_by_filter(rollback))))
                 raise
             registry = qe.Point(id=doc_point_id(entry.doc_id), vector={}, payload={**entry_payload(entry), "kind": _DOC})
-            stale = qe.Filter(must=[_CHUNKS, document], must_not=[version])
+            # Other versions' chunks, and this version's past its new end (a rewrite
+            # chunked into fewer pieces).
+            beyond = qe.FieldCondition(key="index", range=qe.RangeFloat(gte=float(len(points))))
+            stale = qe.Filter(must=[_CHUNKS, document, qe.Filter(should=[qe.Filter(must_not=[version]), beyond])])
 
             def switch(shard: qe.EdgeShard) -> None:
                 shard.update(qe.UpdateOperation.upsert_points([registry]))
@@ -472,12 +524,19 @@ class EdgeStore:
     # ---- optimisation ------------------------------------------------------------------
 
     def _written(self, collection: _Collection) -> None:
-        """After a write: (re)start the quiet-time timer that optimises by itself."""
+        """After a write: (re)start the quiet-time timer that flushes or optimises.
+
+        A steady trickle of writes does not postpone it for ever: once the first write
+        since the last run is `_MAX_WAIT` quiet times old, the timer is left to fire."""
         if self._delay is None or self._closed:
             return
-        if collection.timer is not None:
-            collection.timer.cancel()
         loop = asyncio.get_running_loop()
+        if collection.unsettled_since is None:
+            collection.unsettled_since = loop.time()
+        if collection.timer is not None:
+            if loop.time() - collection.unsettled_since >= self._delay * _MAX_WAIT:
+                return
+            collection.timer.cancel()
         collection.timer = loop.call_later(self._delay, self._start_background, collection)
 
     def _start_background(self, collection: _Collection) -> None:
@@ -485,16 +544,20 @@ class EdgeStore:
         if self._closed:
             return
         if collection.background is not None and not collection.background.done():
-            return  # the running one re-checks when it ends
+            self._written(collection)  # try again after the running one
+            return
+        collection.unsettled_since = None
         collection.background = asyncio.get_running_loop().create_task(self._maintain(collection))
 
     async def _maintain(self, collection: _Collection) -> None:
-        """The quiet-time job: optimise if enough was written, else flush."""
+        """The quiet-time job: optimise if enough was written, else flush. Writes that
+        arrive meanwhile start their own quiet time, so optimisations never run back to
+        back under a steady load."""
         try:
-            if collection.pending < self._min_points:
+            if collection.pending >= self._min_points:
+                await self._optimize(collection, force=False)
+            else:
                 await self._flush(collection)
-            while not self._closed and collection.pending >= self._min_points:
-                await self._optimize(collection)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -503,42 +566,48 @@ class EdgeStore:
             log.exception("maintaining collection %r failed", collection.name)
 
     async def _flush(self, collection: _Collection) -> None:
-        """Write the shard's segments to disk. Every acknowledged update is in the
+        """Write the shard's segments to disk, and the count of chunks written since the
+        last optimisation to ``collection.json``. Every acknowledged update is in the
         write-ahead log already, which survives the process; a flush also makes it
         survive the machine (the log is not synced on every write)."""
         async with collection.write_lock:
             await self._run(collection, lambda s: s.flush())
+            await asyncio.to_thread(_update_meta, collection.dir, {"pending": collection.pending})
 
     async def optimize(self, name: str, *, force: bool = False) -> bool:
         collection = await self._open(name)
-        if not force and collection.pending < self._min_points:
-            await self._flush(collection)
-            return False
-        return await self._optimize(collection)
+        return await self._optimize(collection, force=force)
 
-    async def _optimize(self, collection: _Collection) -> bool:
+    async def _optimize(self, collection: _Collection, *, force: bool) -> bool:
         async with collection.optimize_lock:
+            # Checked under the lock: one that just finished may have done it.
+            if not force and collection.pending < self._min_points:
+                await self._flush(collection)
+                return False
             name = collection.name
             old = collection.live
             generation = int(old.path.name.rsplit("-", 1)[1]) + 1
             target = collection.dir / f"shard-{generation:06d}"
-            building = collection.dir / f"shard-{generation:06d}.building"
-            # 1. A consistent copy: writers wait for it, readers do not.
-            async with collection.write_lock:
-                await self._run(collection, lambda s: s.flush())
-                await asyncio.to_thread(shutil.rmtree, building, True)
-                await asyncio.to_thread(shutil.copytree, old.path, building)
-                pending_at_copy = collection.pending
-                collection.dirty = set()
+            # A name of its own: an optimiser orphaned by a killed server cannot write
+            # into the copy of the next one.
+            building = collection.dir / f"shard-{generation:06d}.building-{uuid.uuid4().hex[:8]}"
             try:
-                # 2. The child process optimises the copy.
+                # 1. A consistent copy: writers wait for it, readers do not.
+                async with collection.write_lock:
+                    await self._run(collection, lambda s: s.flush())
+                    await asyncio.to_thread(shutil.copytree, old.path, building)
+                    pending_at_copy = collection.pending
+                    collection.dirty = set()
+                # 2. The child process optimises the copy (and syncs it to disk).
                 report = await self._run_optimizer(building)
                 await asyncio.to_thread(os.rename, building, target)
+                await asyncio.to_thread(_sync_directory, collection.dir)
                 fresh = await _engine(name, lambda: qe.EdgeShard.load(str(target)))
-            except BaseException:
+            except BaseException as exc:
                 collection.dirty = None
-                await asyncio.to_thread(shutil.rmtree, building, True)
-                await asyncio.to_thread(shutil.rmtree, target, True)
+                await asyncio.shield(asyncio.to_thread(_remove, building, target))
+                if isinstance(exc, (OSError, ValueError)):
+                    raise VectorStoreError(f"optimising collection {name!r} failed: {exc}") from exc
                 raise
             # 3. Documents written meanwhile are copied over, then the swap.
             try:
@@ -547,10 +616,10 @@ class EdgeStore:
                     async with self._using(collection) as shard:
                         await _engine(name, lambda: _copy_documents(shard, fresh, dirty))
                     await asyncio.to_thread(fresh.flush)
-                    meta = _read_meta(collection.dir)
-                    _write_meta(collection.dir, {**meta, "shard": target.name})
+                    pending = max(0, collection.pending - pending_at_copy)
+                    _update_meta(collection.dir, {"shard": target.name, "pending": pending})
                     collection.live = _Shard(shard=fresh, path=target)
-                    collection.pending = max(0, collection.pending - pending_at_copy)
+                    collection.pending = pending
             except BaseException:
                 if collection.live.shard is not fresh:
                     await asyncio.to_thread(fresh.close)
@@ -567,7 +636,8 @@ class EdgeStore:
 
     async def _run_optimizer(self, path: Path) -> dict[str, Any]:
         child = await asyncio.create_subprocess_exec(
-            sys.executable, str(_OPTIMIZER), str(path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            sys.executable, str(_OPTIMIZER), str(path), str(os.getpid()),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         self._children.add(child)
         try:
@@ -575,7 +645,7 @@ class EdgeStore:
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 child.kill()
-            await child.wait()
+            await asyncio.shield(child.wait())
             raise
         finally:
             self._children.discard(child)
@@ -583,7 +653,10 @@ class EdgeStore:
             raise VectorStoreError(
                 f"optimising {path.parent.name!r} failed (exit {child.returncode}): {err.decode(errors='replace')[-500:]}"
             )
-        return dict(json.loads(out.decode().strip().splitlines()[-1]))
+        try:
+            return dict(json.loads(out.decode().strip().splitlines()[-1]))
+        except (ValueError, IndexError) as exc:
+            raise VectorStoreError(f"optimising {path.parent.name!r}: the optimiser printed no result ({exc})") from exc
 
     # ---- closing -----------------------------------------------------------------------
 
@@ -619,9 +692,23 @@ class EdgeStore:
 
 
 async def _engine(name: str, fn: Callable[[], T]) -> T:
-    """Run an engine call on a worker thread; its errors become `VectorStoreError`."""
+    """Run an engine call on a worker thread; its errors become `VectorStoreError`.
+
+    A thread cannot be stopped: when the caller is cancelled, this waits for the call
+    to finish before passing the cancellation on, so what runs next (a write's
+    roll-back, the release of the collection's write lock) never overlaps it."""
+    running = asyncio.ensure_future(asyncio.to_thread(fn))
     try:
-        return await asyncio.to_thread(fn)
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        while not running.done():
+            try:
+                await asyncio.shield(running)
+            except asyncio.CancelledError:
+                continue
+            except Exception:
+                break
+        raise
     except KnowledgeError:
         raise
     except Exception as exc:  # the engine raises bare Exception with its message
@@ -638,6 +725,23 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     if meta.get("kind") != KIND or meta.get("format") != _FORMAT:
         raise KnowledgeError(f"{directory / _META}: not a Switchyard collection of format {_FORMAT}")
     return dict(meta)
+
+
+def _update_meta(directory: Path, changes: Mapping[str, Any]) -> None:
+    _write_meta(directory, {**_read_meta(directory), **changes})
+
+
+def _sync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _remove(*paths: Path) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
@@ -660,11 +764,8 @@ def _chunk_point_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     return {**payload, "kind": _CHUNK, "bools": bool_tokens(payload.get("metadata") or {})}
 
 
-def _unindexed(shard: qe.EdgeShard) -> int:
-    """Chunks whose vectors are not in an index yet (each chunk has two vectors)."""
-    info = shard.info()
-    chunks = shard.count(qe.CountRequest(filter=qe.Filter(must=[_CHUNKS])))
-    return max(0, chunks - info.indexed_vectors_count // 2)
+def _chunk_count(shard: qe.EdgeShard) -> int:
+    return shard.count(qe.CountRequest(filter=qe.Filter(must=[_CHUNKS])))
 
 
 def _entry(shard: qe.EdgeShard, doc_id: str) -> StoredDocument | None:

@@ -275,15 +275,28 @@ class QdrantStore:
             )
             for payload, vector, sparse_vector in zip(payloads, dense, sparse, strict=True)
         ]
+        live = await self._entry(name, entry.doc_id)
+        # The same content written again (another source or owner): its chunks
+        # overwrite the live ones in place, so a failure must not delete them.
+        rewrite = live is not None and live.version == entry.version
         try:
             for start in range(0, len(points), WRITE_BATCH):
                 await self._call("upsert", name, points[start : start + WRITE_BATCH], wait=True)
         except BaseException:
-            # Nothing of the new version may stay behind; the old one is still live.
-            await asyncio.shield(self._delete_version(name, entry.doc_id, entry.version))
+            if not rewrite:
+                # Nothing of the new version may stay behind; the old one is still live.
+                await asyncio.shield(self._delete_version(name, entry.doc_id, entry.version))
             raise
         registry_point = models.PointStruct(id=doc_point_id(entry.doc_id), vector={}, payload=entry_payload(entry))
-        stale = models.Filter(must=[_match("doc_id", entry.doc_id)], must_not=[_match("version", entry.version)])
+        # Other versions' chunks, and this version's past its new end (a rewrite
+        # chunked into fewer pieces).
+        beyond = models.FieldCondition(key="index", range=models.Range(gte=len(points)))
+        stale = models.Filter(
+            must=[
+                _match("doc_id", entry.doc_id),
+                models.Filter(should=[models.Filter(must_not=[_match("version", entry.version)]), beyond]),
+            ]
+        )
         async with self._switch_lock(name).switching():
             await self._call("upsert", name + REGISTRY_SUFFIX, [registry_point], wait=True)
             # The new version is live; the chunks of any other version go.

@@ -1115,3 +1115,25 @@ async def test_writes_and_reads_during_optimisation(kind: str, tmp_path: Path) -
         assert {h.doc_id for h in await search(store, dense=vec((0, 1.0), (2, 0.3)), k=1000)} == late
     finally:
         await store.aclose()
+
+
+async def test_the_same_content_written_again_replaces_its_chunks_in_place(store: VectorStore) -> None:
+    """A document written again with the same content (its hash) but another source,
+    chunked into fewer pieces: the extra old chunks go; a failed rewrite of the same
+    content leaves the document searchable."""
+    await ready(store)
+    first = make_doc("same", "one text", source="a.md")
+    await put(store, first, [(axis(0), sp((1, 1.0))), (axis(1), sp((2, 1.0))), (axis(2), sp((3, 1.0)))])
+    again = make_doc("same", "one text", source="b.md")
+    assert again.hash == first.hash
+    await put(store, again, [(axis(0), sp((1, 1.0)))])
+    hits = await search(store, dense=vec((0, 1.0), (1, 1.0), (2, 1.0)), mode="dense", k=10)
+    assert [(h.chunk_id, h.source) for h in hits] == [("same#0", "b.md")]
+    [info] = await store.collections()
+    assert info.chunks == 1
+    broken = make_doc("same", "one text", source="c.md")
+    with pytest.raises(KnowledgeError):
+        await put(store, broken, [(axis(0), sp((1, 1.0))), ([1.0, 0.0], sp((2, 1.0)))])
+    assert [h.doc_id for h in await search(store, dense=axis(0), mode="dense", k=10)] == ["same"]
+    entry = await store.document(C, "same")
+    assert entry is not None and entry.source == "b.md"

@@ -194,7 +194,7 @@ async def test_closing_during_a_background_optimisation_loses_nothing(tmp_path: 
     await _write_some(store, 40)
     collection_dir = tmp_path / "vectors" / C
     async with asyncio.timeout(60):
-        while not any(p.name.endswith(".building") for p in collection_dir.iterdir()):
+        while not any(".building-" in p.name for p in collection_dir.iterdir()):
             await asyncio.sleep(0.01)
     # The optimiser is at work on its copy: a write now, then close.
     await put(store, make_doc("during"), [(axis(2), sp((3, 1.0)))])

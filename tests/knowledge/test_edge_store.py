@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from knowledge import Document, KnowledgeBase, KnowledgeSettings, StoreLockedError
+from knowledge import Document, KnowledgeBase, KnowledgeError, KnowledgeSettings, StoreLockedError
 from knowledge.cli import _items
 from knowledge.embeddings.local import LocalEmbedder
 from knowledge.models import Chunk
@@ -249,9 +249,9 @@ async def test_a_killed_optimisation_leaves_the_live_shard_and_is_cleaned_up(tmp
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "written"
         deadline = time.monotonic() + 30
-        while not list((path / "c").glob("*.building")) and time.monotonic() < deadline:
+        while not list((path / "c").glob("*.building-*")) and time.monotonic() < deadline:
             time.sleep(0.002)
-        assert list((path / "c").glob("*.building")), "the optimisation never copied the shard"
+        assert list((path / "c").glob("*.building-*")), "the optimisation never copied the shard"
     finally:
         os.killpg(child.pid, signal.SIGKILL)  # the server and its optimiser child
         child.wait()
@@ -318,3 +318,42 @@ async def test_migrate_refuses_a_collection_of_another_embedder(tmp_path: Path) 
     assert not (data_dir / "vectors" / "old").exists()
     missing = _cli(data_dir, "knowledge", "migrate", "--collection", "old", "--from", str(tmp_path / "none"))
     assert missing.returncode == 1 and "no earlier vector store" in missing.stderr
+
+
+async def test_an_optimisation_asked_for_while_one_runs_is_not_done_twice(tmp_path: Path) -> None:
+    store = EdgeStore(tmp_path / "vectors", optimize_min_points=50, optimize_delay_s=None)
+    try:
+        await store.ensure_collection("c", dimensions=DIMENSIONS, embedder="fake")
+        for i in range(5):
+            await _write(store, f"doc-{i}", f"text {i}", 20, seed=i)
+        first, second = await asyncio.gather(store.optimize("c"), store.optimize("c"))
+        assert (first, second) == (True, False)
+        assert store._collections["c"].live.path.name == "shard-000002"  # noqa: SLF001
+        meta = json.loads((tmp_path / "vectors" / "c" / "collection.json").read_text())
+        assert meta["pending"] == 0 and meta["shard"] == "shard-000002"
+    finally:
+        await store.aclose()
+    reopened = EdgeStore(tmp_path / "vectors", optimize_min_points=50, optimize_delay_s=None)
+    try:
+        assert await reopened.optimize("c") is False  # nothing written since: no second copy
+    finally:
+        await reopened.aclose()
+
+
+async def test_an_unreadable_collection_does_not_keep_the_others_from_serving(tmp_path: Path) -> None:
+    path = tmp_path / "vectors"
+    store = EdgeStore(path)
+    await store.ensure_collection("good", dimensions=4, embedder="fake")
+    await store.ensure_collection("bad", dimensions=4, embedder="fake")
+    await store.aclose()
+    (path / "bad" / "collection.json").write_text("{not json")
+    (path / ".creating-x-0000").mkdir()
+    (path / ".creating-x-0000" / "collection.json").write_text("{}")
+    store = EdgeStore(path)
+    try:
+        assert await store.has_collection("good")
+        with pytest.raises(KnowledgeError, match="bad"):
+            await store.documents("bad")
+        assert [c.name for c in await store.collections()] == ["good"]  # the bad one is logged, not listed
+    finally:
+        await store.aclose()
