@@ -75,19 +75,17 @@ async def migrate_collection(
     report = MigrationReport(collection=collection)
     present = await target.documents(collection)
     wanted = await source.documents(collection)
-    for doc_id, entry in sorted(wanted.items()):
-        held = present.get(doc_id)
+    async for export in source.export_documents(collection):
+        entry = export.entry
+        held = present.get(entry.doc_id)
         if held is not None and held.version == entry.version and held.owner == entry.owner:
             report.skipped += 1
         else:
-            export = await source.export_document(collection, doc_id)
-            if export is None:
-                continue  # deleted from the source meanwhile
             await target.import_document(collection, export)
             report.copied += 1
             report.chunks += len(export.chunks)
         if progress is not None:
-            progress(doc_id)
+            progress(entry.doc_id)
     after = await target.documents(collection)
     missing = sorted(set(wanted) - set(after))
     if missing:

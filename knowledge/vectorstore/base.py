@@ -4,7 +4,7 @@ registry of the documents they hold, and searches."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -240,6 +240,11 @@ class VectorStore(Protocol):
 
     async def export_document(self, name: str, doc_id: str) -> DocumentExport | None:
         """The document's live version with its chunks and vectors, or None."""
+        ...
+
+    def export_documents(self, name: str) -> AsyncIterator[DocumentExport]:
+        """Every document's live version with its chunks and vectors, one at a time
+        (the whole collection, read in one pass where the store needs it)."""
         ...
 
     async def import_document(self, name: str, export: DocumentExport) -> None:

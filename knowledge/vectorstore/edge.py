@@ -464,6 +464,13 @@ class EdgeStore:
         collection = await self._open(name)
         return await self._run(collection, lambda s: _export(s, doc_id))
 
+    async def export_documents(self, name: str) -> AsyncIterator[DocumentExport]:
+        # Each document's chunks are one indexed filter away here.
+        for doc_id in sorted(await self.documents(name)):
+            export = await self.export_document(name, doc_id)
+            if export is not None:
+                yield export
+
     # ---- search ------------------------------------------------------------------------
 
     async def search(

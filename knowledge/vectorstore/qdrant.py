@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -330,20 +330,34 @@ class QdrantStore:
             records, offset = await self._call(
                 "scroll", name, scroll_filter=live, limit=WRITE_BATCH, offset=offset, with_payload=True, with_vectors=True
             )
-            for record in records:
-                vectors = record.vector if isinstance(record.vector, dict) else {}
-                sparse_vector = vectors.get("sparse")
-                chunks.append(
-                    StoredChunk(
-                        payload=dict(record.payload or {}),
-                        dense=list(vectors.get("dense") or []),  # type: ignore[arg-type]
-                        sparse=(list(sparse_vector.indices), list(sparse_vector.values)) if sparse_vector else ([], []),  # type: ignore[union-attr]
-                    )
-                )
+            chunks.extend(_stored_chunk(record) for record in records)
             if offset is None:
                 break
         chunks.sort(key=lambda c: int(c.payload["index"]))
         return DocumentExport(entry=entry, chunks=chunks)
+
+    async def export_documents(self, name: str) -> AsyncIterator[DocumentExport]:
+        """One scroll over the chunks' ids and versions, then each document's live chunks
+        by id: local mode evaluates a filter over every point, so a filtered scroll per
+        document would cost documents x chunks."""
+        entries = await self.documents(name)
+        ids: dict[str, list[str]] = {}
+        offset = None
+        while True:
+            records, offset = await self._call(
+                "scroll", name, limit=2048, offset=offset, with_payload=["doc_id", "version"], with_vectors=False
+            )
+            for record in records:
+                payload = record.payload or {}
+                entry = entries.get(payload.get("doc_id", ""))
+                if entry is not None and payload.get("version") == entry.version:
+                    ids.setdefault(entry.doc_id, []).append(str(record.id))
+            if offset is None:
+                break
+        for doc_id in sorted(ids):
+            records = await self._call("retrieve", name, ids=ids[doc_id], with_payload=True, with_vectors=True)
+            chunks = sorted((_stored_chunk(r) for r in records), key=lambda c: int(c.payload["index"]))
+            yield DocumentExport(entry=entries[doc_id], chunks=chunks)
 
     async def optimize(self, name: str, *, force: bool = False) -> bool:
         """A Qdrant server optimises its segments by itself, and local mode has no
@@ -431,6 +445,16 @@ class QdrantStore:
             local, self._local = self._local, None
             with self._lock:
                 local.close()
+
+
+def _stored_chunk(record: models.Record) -> StoredChunk:
+    vectors = record.vector if isinstance(record.vector, dict) else {}
+    sparse_vector = vectors.get("sparse")
+    return StoredChunk(
+        payload=dict(record.payload or {}),
+        dense=list(vectors.get("dense") or []),  # type: ignore[arg-type]
+        sparse=(list(sparse_vector.indices), list(sparse_vector.values)) if sparse_vector else ([], []),  # type: ignore[union-attr]
+    )
 
 
 def _locked(lock: threading.Lock, fn: Callable[[], T]) -> Callable[[], T]:

@@ -1137,3 +1137,21 @@ async def test_the_same_content_written_again_replaces_its_chunks_in_place(store
     assert [h.doc_id for h in await search(store, dense=axis(0), mode="dense", k=10)] == ["same"]
     entry = await store.document(C, "same")
     assert entry is not None and entry.source == "b.md"
+
+
+async def test_export_documents_yields_every_live_document_once(store: VectorStore) -> None:
+    await ready(store)
+    await put(store, make_doc("a", "first a"), [(axis(0), sp((1, 1.0))), (axis(1), sp((2, 1.0)))])
+    await put(store, make_doc("a", "second a"), [(axis(2), sp((3, 1.0)))])
+    await put(store, make_doc("b"), [(axis(3), sp((4, 1.0)))], tenant="acme")
+    await put(store, make_doc("gone"), [(axis(4), sp((5, 1.0)))])
+    assert await store.delete_document(C, "gone")
+    exported = [export async for export in store.export_documents(C)]
+    assert sorted(e.entry.doc_id for e in exported) == ["a", "b"]
+    for export in exported:
+        single = await store.export_document(C, export.entry.doc_id)
+        assert single is not None and single.entry == export.entry
+        assert [dict(c.payload) for c in export.chunks] == [dict(c.payload) for c in single.chunks]
+    by_id = {e.entry.doc_id: e for e in exported}
+    assert [c.payload["text"] for c in by_id["a"].chunks] == ["second a #0"]
+    assert by_id["b"].entry.owner == "acme"
