@@ -411,19 +411,23 @@ class EdgeStore:
         async with collection.write_lock:
             if collection.dirty is not None:
                 collection.dirty.add(entry.doc_id)
-            live = await self._run(collection, lambda s: _entry(s, entry.doc_id))
-            # The same content written again (another source or owner): its chunks
-            # overwrite the live ones in place, so a failure must not delete them.
-            rewrite = live is not None and live.version == entry.version
             try:
                 for start in range(0, len(points), WRITE_BATCH):
                     batch = points[start : start + WRITE_BATCH]
                     await self._run(collection, lambda s, b=batch: s.update(qe.UpdateOperation.upsert_points(b)))  # type: ignore[misc]
             except BaseException:
-                if not rewrite:
-                    # Nothing of the new version may stay behind; the old one is still live.
-                    rollback = qe.Filter(must=[_CHUNKS, document, version])
-                    await asyncio.shield(self._run(collection, lambda s: s.update(qe.UpdateOperation.delete_points_by_filter(rollback))))
+                # Nothing of the new version may stay behind; the old one is still live.
+                # Unless it is the same version (the same content written again from
+                # another source or by another owner): its chunks were overwritten in
+                # place and are the live ones.
+                rollback = qe.Filter(must=[_CHUNKS, document, version])
+
+                def roll_back(shard: qe.EdgeShard) -> None:
+                    live = _entry(shard, entry.doc_id)
+                    if live is None or live.version != entry.version:
+                        shard.update(qe.UpdateOperation.delete_points_by_filter(rollback))
+
+                await asyncio.shield(self._run(collection, roll_back))
                 raise
             registry = qe.Point(id=doc_point_id(entry.doc_id), vector={}, payload={**entry_payload(entry), "kind": _DOC})
             # Other versions' chunks, and this version's past its new end (a rewrite

@@ -275,17 +275,12 @@ class QdrantStore:
             )
             for payload, vector, sparse_vector in zip(payloads, dense, sparse, strict=True)
         ]
-        live = await self._entry(name, entry.doc_id)
-        # The same content written again (another source or owner): its chunks
-        # overwrite the live ones in place, so a failure must not delete them.
-        rewrite = live is not None and live.version == entry.version
         try:
             for start in range(0, len(points), WRITE_BATCH):
                 await self._call("upsert", name, points[start : start + WRITE_BATCH], wait=True)
         except BaseException:
-            if not rewrite:
-                # Nothing of the new version may stay behind; the old one is still live.
-                await asyncio.shield(self._delete_version(name, entry.doc_id, entry.version))
+            # Nothing of the new version may stay behind; the old one is still live.
+            await asyncio.shield(self._roll_back(name, entry))
             raise
         registry_point = models.PointStruct(id=doc_point_id(entry.doc_id), vector={}, payload=entry_payload(entry))
         # Other versions' chunks, and this version's past its new end (a rewrite
@@ -301,6 +296,12 @@ class QdrantStore:
             await self._call("upsert", name + REGISTRY_SUFFIX, [registry_point], wait=True)
             # The new version is live; the chunks of any other version go.
             await self._call("delete", name, points_selector=models.FilterSelector(filter=stale), wait=True)
+
+    async def _roll_back(self, name: str, entry: StoredDocument) -> None:
+        live = await self._entry(name, entry.doc_id)
+        if live is not None and live.version == entry.version:
+            return  # the same content written again: its chunks are the live ones, overwritten in place
+        await self._delete_version(name, entry.doc_id, entry.version)
 
     async def _delete_version(self, name: str, doc_id: str, version: str) -> None:
         selector = models.FilterSelector(filter=models.Filter(must=[_match("doc_id", doc_id), _match("version", version)]))
