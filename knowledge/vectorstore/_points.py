@@ -185,6 +185,8 @@ async def search_live(
     looks ``widen`` times `fetch_size` deep, reads the live version of each document
     it found, and returns the points, those versions and the pairs it left out.
 
+    Hits come best first; equal scores by document id, then chunk position.
+
     Chunks of a version that is not live (a document being replaced, a write that
     crashed: a thousand of them can lie nearer than any live chunk) take places in a
     query's window. When they do and fewer than ``k`` live chunks are left, the query
@@ -200,7 +202,11 @@ async def search_live(
         hits = []
         kept: set[str] = set()
         dropped: set[Pair] = set()
-        for payload, score, dense in found:
+        # Equal scores (frequent in reciprocal-rank fusion) in a fixed order: the engine
+        # orders ties differently from one process to the next, and an answer, an eval
+        # run or a re-run of it must not change with that.
+        ordered = sorted(found, key=lambda f: (-f[1], str(f[0].get("doc_id")), int(f[0].get("index") or 0)))
+        for payload, score, dense in ordered:
             doc_id, version = str(payload.get("doc_id")), str(payload.get("version"))
             if live.get(doc_id) != version:
                 dropped.add((doc_id, version))

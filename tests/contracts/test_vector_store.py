@@ -1155,3 +1155,21 @@ async def test_export_documents_yields_every_live_document_once(store: VectorSto
     by_id = {e.entry.doc_id: e for e in exported}
     assert [c.payload["text"] for c in by_id["a"].chunks] == ["second a #0"]
     assert by_id["b"].entry.owner == "acme"
+
+
+async def test_equal_scores_come_in_a_fixed_order(store: VectorStore) -> None:
+    """Reciprocal-rank fusion ties whenever two chunks swap places between the two
+    rankings; tied hits come by document id, then chunk position, on every store and
+    in every process (Qdrant's engine orders them differently from run to run)."""
+    await ready(store)
+    # Dense: y before x; sparse: x before y; z below both in each, so x and y tie.
+    await put(store, make_doc("y"), [(axis(0), sp((1, 1.0)))])
+    await put(store, make_doc("x"), [(vec((0, 1.0), (1, 0.3)), sp((1, 3.0)))])
+    await put(store, make_doc("z"), [(vec((0, 1.0), (1, 2.0)), sp((1, 0.5)))])
+    hits = await search(store, dense=axis(0), sparse=sp((1, 1.0)), mode="hybrid", k=3, candidates=3)
+    assert [h.doc_id for h in hits] == ["x", "y", "z"]
+    assert hits[0].score == hits[1].score > hits[2].score
+    # Equal dense scores too: two chunks of one document with the same vector.
+    await put(store, make_doc("w"), [(axis(2), sp((9, 1.0))), (axis(2), sp((9, 1.0)))])
+    twins = await search(store, dense=axis(2), mode="dense", k=2)
+    assert [h.chunk_id for h in twins] == ["w#0", "w#1"]
