@@ -12,6 +12,8 @@ __all__ = [
     "InvalidDocumentIdError",
     "InvalidFilterError",
     "KnowledgeError",
+    "OntologyError",
+    "OntologyMismatchError",
     "StoreLockedError",
     "UnknownCollectionError",
     "VectorStoreError",
@@ -142,4 +144,37 @@ class StoreLockedError(KnowledgeError):
         super().__init__(
             f"the vector store at {path} is in use by another process (the embedded store "
             "allows one process per directory)"
+        )
+
+
+class OntologyError(KnowledgeError):
+    """An ontology file that cannot be read or does not validate.
+
+    Attributes:
+        source: the file (or ``<ontology>`` for text given directly).
+        problems: ``field: message`` for each field that failed.
+    """
+
+    def __init__(self, message: str, *, source: str, problems: list[str] | None = None) -> None:
+        self.source = source
+        self.problems = problems or []
+        super().__init__(message)
+
+
+class OntologyMismatchError(KnowledgeError):
+    """A collection's graph is bound to another ontology than the one given.
+
+    Attributes:
+        collection: the collection.
+        bound: the ontology it is bound to (``name (fingerprint)``).
+        given: the one given.
+    """
+
+    def __init__(self, collection: str, bound: str, given: str) -> None:
+        self.collection = collection
+        self.bound = bound
+        self.given = given
+        super().__init__(
+            f"collection {collection!r} has a knowledge graph bound to ontology {bound}; "
+            f"the ontology given is {given}: use a new collection for a new ontology"
         )
