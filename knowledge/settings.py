@@ -7,7 +7,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ChunkingSettings", "EdgeSettings", "EmbedderSettings", "KnowledgeSettings", "RagSettings", "RetrievalSettings"]
+__all__ = [
+    "ChunkingSettings",
+    "EdgeSettings",
+    "EmbedderSettings",
+    "ExtractionSettings",
+    "GraphRetrievalSettings",
+    "GraphSettings",
+    "KnowledgeSettings",
+    "RagSettings",
+    "RetrievalSettings",
+]
 
 
 class EmbedderSettings(BaseModel):
@@ -86,6 +96,62 @@ class EdgeSettings(BaseModel):
     `VectorStore.optimize` optimise."""
 
 
+class ExtractionSettings(BaseModel):
+    """How entities and relations are extracted from chunks (``switchyard ingest --graph``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alias: str = "chat-default"
+    """The model alias asked; its backend must declare ``json_schema`` output."""
+    max_entities: int = Field(default=12, ge=1, le=100)
+    """Most entities the schema lets the model return per chunk."""
+    max_relations: int = Field(default=12, ge=0, le=100)
+    """Most relations per chunk."""
+    max_tokens: int = Field(default=512, ge=16, le=8192)
+    """Longest answer per chunk."""
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Limit per chunk; a chunk that times out is counted failed, the rest go on."""
+    concurrency: int = Field(default=1, ge=1, le=64)
+    """Chunks extracted at once (a local CPU model serves one at a time)."""
+
+
+class GraphRetrievalSettings(BaseModel):
+    """Graph retrieval: entity linking, expansion and fact ranking."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hops: int = Field(default=2, ge=1, le=4)
+    """How far from the question's entities facts are collected."""
+    fanout: int = Field(default=20, ge=1, le=500)
+    """Most relations followed from one entity per hop."""
+    max_facts: int = Field(default=12, ge=1, le=200)
+    """Facts given to the model, best first."""
+    link_k: int = Field(default=5, ge=1, le=50)
+    """Entities looked up by meaning in the ``<collection>__entities`` companion."""
+    min_link_relevance: float = Field(default=0.5, ge=-1.0, le=1.0)
+    """Cosine similarity an entity found by meaning needs to seed the expansion
+    (exact and alias matches always do)."""
+
+
+class GraphSettings(BaseModel):
+    """The knowledge graph: Neo4j when ``neo4j_url`` is set, else LadybugDB in process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    neo4j_url: str | None = None
+    """A Neo4j server (``neo4j://host:7687`` or ``bolt://host:7687``). Unset: the embedded store."""
+    neo4j_user: str = "neo4j"
+    neo4j_password: str | None = None
+    neo4j_database: str | None = None
+    """The Neo4j database; unset: the server's default."""
+    path: Path | None = None
+    """The embedded store's directory; default ``<data_dir>/graph``. One process at a time."""
+    timeout_s: float = Field(default=30.0, gt=0)
+    """Limit for each graph store call."""
+    extraction: ExtractionSettings = ExtractionSettings()
+    retrieval: GraphRetrievalSettings = GraphRetrievalSettings()
+
+
 class KnowledgeSettings(BaseModel):
     """Where vectors live and how documents become them.
 
@@ -108,3 +174,5 @@ class KnowledgeSettings(BaseModel):
     chunking: ChunkingSettings = ChunkingSettings()
     retrieval: RetrievalSettings = RetrievalSettings()
     rag: RagSettings = RagSettings()
+    graph: GraphSettings = GraphSettings()
+    """The knowledge graph (GraphRAG): store, extraction and retrieval."""
