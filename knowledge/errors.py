@@ -10,10 +10,13 @@ __all__ = [
     "EmbeddingError",
     "InvalidCollectionNameError",
     "InvalidDocumentIdError",
+    "GraphNotFoundError",
+    "GraphStoreError",
     "InvalidFilterError",
     "KnowledgeError",
     "OntologyError",
     "OntologyMismatchError",
+    "OntologyViolationError",
     "StoreLockedError",
     "UnknownCollectionError",
     "VectorStoreError",
@@ -178,3 +181,38 @@ class OntologyMismatchError(KnowledgeError):
             f"collection {collection!r} has a knowledge graph bound to ontology {bound}; "
             f"the ontology given is {given}: use a new collection for a new ontology"
         )
+
+
+class GraphStoreError(KnowledgeError):
+    """The graph database failed (unreachable, timed out, an engine error): a 503."""
+
+
+class GraphNotFoundError(KnowledgeError):
+    """The collection has no knowledge graph.
+
+    Attributes:
+        collection: the collection asked for.
+        known: the collections that have one.
+    """
+
+    def __init__(self, collection: str, known: list[str]) -> None:
+        self.collection = collection
+        self.known = known
+        listed = ", ".join(sorted(known)) or "none yet"
+        super().__init__(
+            f"collection {collection!r} has no knowledge graph (graphs: {listed}); build one with "
+            f"`switchyard ingest PATH --collection {collection} --graph --ontology FILE` or `switchyard graph import`"
+        )
+
+
+class OntologyViolationError(KnowledgeError):
+    """A write the collection's ontology does not allow (nothing was written).
+
+    Attributes:
+        reasons: what was not allowed, one line each.
+    """
+
+    def __init__(self, collection: str, reasons: list[str]) -> None:
+        self.collection = collection
+        self.reasons = reasons
+        super().__init__(f"not allowed by the ontology of collection {collection!r}: " + "; ".join(reasons[:10]))
