@@ -45,7 +45,7 @@ __all__ = ["EvalCliEnv", "EvalSession", "EvalSetupError", "eval_app", "gate", "i
 
 eval_app = typer.Typer(help="Evaluate models: run a suite, gate a candidate run against a baseline.", no_args_is_help=True)
 
-GraphId = Literal["rag", "agent", "chat"]
+GraphId = Literal["rag", "graphrag", "agent", "chat"]
 
 
 class EvalSetupError(Exception):
@@ -320,8 +320,8 @@ def run(
 ) -> None:
     """Run a suite against a model through the server's graphs; write the run file."""
     env: EvalCliEnv = ctx.obj
-    if graph is not None and graph not in ("rag", "agent", "chat"):
-        raise _fail(f"--graph: must be rag, agent or chat, got {graph!r}")
+    if graph is not None and graph not in ("rag", "graphrag", "agent", "chat"):
+        raise _fail(f"--graph: must be rag, graphrag, agent or chat, got {graph!r}")
     try:
         loaded = _load(suite, dataset, graph, collection)  # type: ignore[arg-type]
     except typer.BadParameter as exc:
@@ -329,8 +329,8 @@ def run(
     except DatasetError as exc:
         what = "dataset" if dataset is not None else "suite"
         raise _fail(f"cannot load the {what}:\n{exc}") from None
-    if loaded.graph == "rag" and not any(loaded.collection_for(case) for case in loaded.cases):
-        typer.secho("note: no collection named: the rag graph asks the default collection", err=True)
+    if loaded.graph in ("rag", "graphrag") and not any(loaded.collection_for(case) for case in loaded.cases):
+        typer.secho(f"note: no collection named: the {loaded.graph} graph asks the default collection", err=True)
 
     async def execute() -> tuple[RunFile, Path]:
         # A suite with a corpus runs on the eval's own store (ingested there); a dataset

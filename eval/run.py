@@ -17,7 +17,7 @@ case's ``values``; one that applies but has nothing to score is ``None``):
   default ``knowledge.rag.max_sources``: how many chunks the model is given at most),
   unless the caller passes another; the run file records it as ``timings.recall_k``.
 - ``facts_contained``: cases with ``expected_facts``.
-- ``citations_valid``: every case of a ``rag`` suite (the graph numbers its sources
+- ``citations_valid``: every case of a ``rag`` or ``graphrag`` suite (the graph numbers its sources
   and asks the model to cite them); ``None`` when nothing was retrieved.
 - ``no_answer_detected``: cases with ``expect_no_answer``.
 - ``tools_match``: every case of an ``agent`` suite (a case listing no tools expects
@@ -92,7 +92,7 @@ def applicable_metrics(suite: Suite, case: Case, *, sla: LatencySla | None) -> l
         names += [RECALL_AT_K, MRR]
     if case.expected_facts:
         names.append(FACTS_CONTAINED)
-    if suite.graph == "rag":
+    if suite.graph in ("rag", "graphrag"):
         names.append(CITATIONS_VALID)
     if case.expect_no_answer:
         names.append(NO_ANSWER_DETECTED)

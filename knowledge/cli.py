@@ -21,28 +21,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import sys
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import httpx
 import typer
 
+from knowledge._client import check, documents_path, headers, segment
+from knowledge.graph_cli import OntologyOption, print_graph_report, read_ontology, through
 from knowledge.errors import DocumentParseError, InvalidDocumentIdError, KnowledgeError, StoreLockedError
 from knowledge.ingestion.loaders import discover, load_file
 from knowledge.ingestion.pipeline import same_source
 from knowledge.knowledge_base import KnowledgeBase
 from knowledge.migrate import migrate_collection
-from knowledge.models import Document, IngestReport, check_document_id
+from knowledge.models import Document, IngestReport, SearchHit, check_document_id
 from knowledge.vectorstore.base import valid_collection_name
 from knowledge.vectorstore.qdrant import QdrantStore
 
-__all__ = ["KnowledgeCliEnv", "ingest", "knowledge_app", "search"]
+if TYPE_CHECKING:
+    from knowledge.knowledge_graph import GraphRetrieval, KnowledgeGraph
+
+__all__ = ["KnowledgeCliEnv", "graph_results", "ingest", "knowledge_app", "search"]
 
 _UPLOAD_BYTES = 512 * 1024
 """Documents per upload request, by JSON size: under the server's default body limit."""
@@ -61,6 +64,16 @@ class KnowledgeCliEnv(Protocol):
 
     def legacy_store_path(self) -> Path:
         """Where earlier versions kept the embedded store (qdrant-client's local mode)."""
+        ...
+
+    def open_knowledge_graph(self, *, extraction: bool = True) -> AbstractAsyncContextManager[KnowledgeGraph | str]:
+        """Open the knowledge base and its graph (with the model gateway, and the local
+        model backend started if ``extraction`` needs it); or, when a server holds the
+        stores, yield that server's URL.
+
+        Raises:
+            KnowledgeError: a store is locked and no server is registered.
+        """
         ...
 
 
@@ -91,41 +104,87 @@ def ingest(
     delete_missing: Annotated[
         bool, typer.Option("--delete-missing", help="Remove documents of the collection that are not in PATHS.")
     ] = False,
+    graph: Annotated[
+        bool,
+        typer.Option(
+            "--graph",
+            help="Also extract entities and relations into the collection's knowledge graph (a model call per chunk).",
+        ),
+    ] = False,
+    ontology_file: OntologyOption = None,
 ) -> None:
-    """Ingest documents: new ones are added, changed ones replaced, unchanged ones skipped."""
+    """Ingest documents: new ones are added, changed ones replaced, unchanged ones skipped.
+    With ``--graph``, the documents' entities and relations are then extracted under the
+    collection's ontology (documents whose facts are already extracted are skipped)."""
     env: KnowledgeCliEnv = ctx.obj
     valid_collection_name(collection)
+    if ontology_file is not None and not graph:
+        raise KnowledgeError("--ontology is for the knowledge graph: add --graph")
     for path in paths:
         if not path.exists():
             raise KnowledgeError(f"{path}: no such file or directory")
+    ontology, ontology_text = read_ontology(ontology_file)
     items = list(_items(paths))
     documents = sum(isinstance(i, Document) for i in items)
+    doc_ids = [i.id for i in items if isinstance(i, Document)]
     show_bar = sys.stderr.isatty()
 
-    async def run() -> IngestReport:
-        async with _local_or_server(env) as target:
-            if isinstance(target, str):
-                typer.echo(f"the vector store is held by the server at {target}; sending the documents through it", err=True)
-                return await _ingest_through(target, collection, items, delete_missing)
-            with typer.progressbar(length=documents, label="ingesting", file=sys.stderr) if show_bar else _NoBar() as bar:
-                done = await target.ingest(
-                    collection, items, delete_missing=delete_missing, progress=lambda doc_id, outcome: bar.update(1)
-                )
-            if done.added or done.updated or done.deleted:
-                # Indexes are built once, at the end (only if enough was written: below
-                # that, brute force is as fast); searches need not wait for a server.
-                if show_bar:
-                    typer.echo("optimising the collection's indexes...", err=True)
-                try:
-                    await target.optimize(collection)
-                except KnowledgeError as exc:
-                    # Every document is stored; only the indexes wait for the next try.
-                    typer.echo(f"warning: {exc}; run `switchyard knowledge optimize --collection {collection}`", err=True)
-            return done
+    async def write(target: KnowledgeBase) -> IngestReport:
+        with typer.progressbar(length=documents, label="ingesting", file=sys.stderr) if show_bar else _NoBar() as bar:
+            done = await target.ingest(
+                collection, items, delete_missing=delete_missing, progress=lambda doc_id, outcome: bar.update(1)
+            )
+        if done.added or done.updated or done.deleted:
+            # Indexes are built once, at the end (only if enough was written: below
+            # that, brute force is as fast); searches need not wait for a server.
+            if show_bar:
+                typer.echo("optimising the collection's indexes...", err=True)
+            try:
+                await target.optimize(collection)
+            except KnowledgeError as exc:
+                # Every document is stored; only the indexes wait for the next try.
+                typer.echo(f"warning: {exc}; run `switchyard knowledge optimize --collection {collection}`", err=True)
+        return done
 
-    report = asyncio.run(run())
+    async def run() -> tuple[IngestReport, dict[str, Any] | None]:
+        if not graph:
+            async with _local_or_server(env) as target:
+                if isinstance(target, str):
+                    typer.echo(f"the vector store is held by the server at {target}; sending the documents through it", err=True)
+                    return await _ingest_through(target, collection, items, delete_missing), None
+                return await write(target), None
+        async with env.open_knowledge_graph() as kg:
+            if isinstance(kg, str):
+                typer.echo(f"the stores are held by the server at {kg}; sending the documents through it", err=True)
+                # The ontology is checked before any document is written.
+                path = f"/v1/collections/{segment(collection)}/graph/ontology"
+                if ontology_text is not None:
+                    await through(kg, "PUT", path, json={"ontology": ontology_text})
+                else:
+                    await through(kg, "GET", path)
+                report = await _ingest_through(kg, collection, items, delete_missing)
+                typer.echo("extracting entities and relations on the server (a model call per chunk)...", err=True)
+                extracted = await through(
+                    kg, "POST", f"/v1/collections/{segment(collection)}/graph/extract", json={"doc_ids": doc_ids}, timeout=None
+                )
+                return report, dict(extracted)
+            await kg.bind(collection, ontology)
+            report = await write(kg.knowledge)
+            with typer.progressbar(length=1, label="extracting", file=sys.stderr) if show_bar else _NoBar() as bar:
+
+                def progress(done: int, total: int) -> None:
+                    bar.length = total
+                    bar.update(done - bar.pos)
+
+                extracted = await kg.extract(collection, doc_ids, progress=progress)
+            return report, dict(extracted.model_dump(mode="json"))
+
+    report, extracted = asyncio.run(run())
     if as_json:
-        typer.echo(report.model_dump_json())
+        result = report.model_dump(mode="json")
+        if extracted is not None:
+            result["graph"] = extracted
+        typer.echo(json.dumps(result))
     else:
         typer.echo(
             f"{collection}: {report.added} added, {report.updated} updated, {report.skipped} unchanged, "
@@ -133,7 +192,9 @@ def ingest(
         )
         for error in report.errors:
             typer.echo(f"  failed: {error['source']}: {error['reason']}", err=True)
-    if report.failed:
+        if extracted is not None:
+            print_graph_report(extracted)
+    if report.failed or (extracted is not None and extracted.get("failed_chunks")):
         raise SystemExit(2)
 
 
@@ -163,6 +224,9 @@ async def _local_or_server(env: KnowledgeCliEnv) -> AsyncIterator[KnowledgeBase 
 
 
 class _NoBar:
+    length = 0
+    pos = 0
+
     def __enter__(self) -> _NoBar:
         return self
 
@@ -171,34 +235,6 @@ class _NoBar:
 
     def update(self, n: int) -> None:
         pass
-
-
-def _headers() -> dict[str, str]:
-    key = os.environ.get("SWITCHYARD_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def _segment(value: str) -> str:
-    """``value`` as one URL path segment: every reserved character percent-encoded, and
-    ``.`` too, so that no client or proxy reads ``..`` as "the parent"."""
-    return urllib.parse.quote(value, safe="").replace(".", "%2E")
-
-
-def _documents_path(collection: str, doc_id: str | None = None) -> str:
-    path = f"/v1/collections/{_segment(collection)}/documents"
-    return path if doc_id is None else f"{path}/{_segment(doc_id)}"
-
-
-def _check(response: httpx.Response, url: str) -> Any:
-    if response.status_code == 401:
-        raise KnowledgeError(f"the server at {url} needs an API key: set SWITCHYARD_API_KEY")
-    if response.status_code >= 400:
-        try:
-            detail = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            detail = response.text[:300]
-        raise KnowledgeError(f"the server at {url} refused ({response.status_code}): {detail}")
-    return response.json() if response.content else None
 
 
 async def _ingest_through(
@@ -212,7 +248,7 @@ async def _ingest_through(
         if isinstance(error, DocumentParseError):
             report.failed += 1
             report.errors.append({"source": error.source, "reason": error.reason})
-    async with httpx.AsyncClient(base_url=url, headers=_headers(), timeout=600) as client:
+    async with httpx.AsyncClient(base_url=url, headers=headers(), timeout=600) as client:
         # Everything that can refuse the ingestion is checked before anything changes.
         listed = await _stored_documents(client, url, collection)
         theirs = sorted(d.id for d in documents if d.id in listed and not listed[d.id].get("writable", False))
@@ -248,7 +284,7 @@ async def _ingest_through(
             nonlocal batch, size
             if not batch:
                 return
-            got = _check(await client.post(_documents_path(collection), json={"documents": batch}), url)
+            got = check(await client.post(documents_path(collection), json={"documents": batch}), url)
             for key in ("added", "updated", "skipped", "failed", "chunks"):
                 setattr(report, key, getattr(report, key) + got[key])
             report.errors.extend(got["errors"])
@@ -263,10 +299,10 @@ async def _ingest_through(
             size += length
         await send()
         for doc_id in doomed:
-            response = await client.delete(_documents_path(collection, doc_id))
+            response = await client.delete(documents_path(collection, doc_id))
             if response.status_code == 404:
                 continue  # deleted by someone else since it was listed
-            _check(response, url)
+            check(response, url)
             report.deleted += 1
     report.seconds = round(time.perf_counter() - started, 3)
     return report
@@ -274,47 +310,91 @@ async def _ingest_through(
 
 async def _stored_documents(client: httpx.AsyncClient, url: str, collection: str) -> dict[str, dict[str, Any]]:
     """The collection's documents on the server by id (none if it does not exist yet)."""
-    response = await client.get(_documents_path(collection))
+    response = await client.get(documents_path(collection))
     if response.status_code == 404:
         return {}
-    return {d["doc_id"]: d for d in _check(response, url)["documents"]}
+    return {d["doc_id"]: d for d in check(response, url)["documents"]}
 
 
 def search(
     ctx: typer.Context,
     query: Annotated[str, typer.Argument(help="What to look for.")],
     collection: CollectionOption,
-    k: Annotated[int, typer.Option("-k", min=1, max=100, help="How many results.")] = 5,
+    k: Annotated[int, typer.Option("-k", min=1, max=100, help="How many results (chunks; with --graph, also facts).")] = 5,
     mode: Annotated[str, typer.Option("--mode", help="hybrid, dense or sparse.")] = "hybrid",
+    graph: Annotated[
+        bool,
+        typer.Option("--graph", help="Also retrieve facts from the collection's knowledge graph (as the graphrag graph does)."),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Search a collection; prints the best chunks (``--json``: ``{"results": [...]}``)."""
+    """Search a collection; prints the best chunks (``--json``: ``{"results": [...]}``,
+    each with its ``doc_id``). With ``--graph``, the graph's facts about the entities the
+    query names come first (``kind: fact``), then the chunks (``kind: chunk``), and
+    ``linked`` lists the entities found in the query."""
     env: KnowledgeCliEnv = ctx.obj
     valid_collection_name(collection)
     if mode not in ("hybrid", "dense", "sparse"):
         raise KnowledgeError(f"--mode must be hybrid, dense or sparse, not {mode!r}")
     if not query.strip():
         raise KnowledgeError("the query is empty")
+    body: dict[str, Any] = {"query": query, "k": k, "mode": mode}
 
-    async def run() -> list[dict[str, Any]]:
-        async with _local_or_server(env) as target:
-            if isinstance(target, str):
-                async with httpx.AsyncClient(base_url=target, headers=_headers(), timeout=60) as client:
-                    body = {"query": query, "k": k, "mode": mode}
-                    answer = await client.post(f"/v1/collections/{_segment(collection)}/search", json=body)
-                    return list(_check(answer, target)["results"])
-            hits = await target.search(collection, query, k=k, mode=mode)  # type: ignore[arg-type]
-            return [hit.json() for hit in hits]
+    async def run() -> dict[str, Any]:
+        if not graph:
+            async with _local_or_server(env) as target:
+                if isinstance(target, str):
+                    answer = await through(target, "POST", f"/v1/collections/{segment(collection)}/search", json=body, timeout=60)
+                    return {"results": [{"kind": "chunk", **hit} for hit in answer["results"]]}
+                hits = await target.search(collection, query, k=k, mode=mode)  # type: ignore[arg-type]
+                return {"results": [{"kind": "chunk", **hit.json()} for hit in hits]}
+        async with env.open_knowledge_graph(extraction=False) as kg:
+            if isinstance(kg, str):
+                answer = await through(
+                    kg, "POST", f"/v1/collections/{segment(collection)}/search", json={**body, "graph": True}, timeout=60
+                )
+                return {"results": answer["results"], "linked": answer.get("linked", [])}
+            found, hits = await asyncio.gather(
+                kg.retrieve(collection, query, max_facts=k),
+                kg.knowledge.search(collection, query, k=k, mode=mode),  # type: ignore[arg-type]
+            )
+            return graph_results(found, hits)
 
-    results = asyncio.run(run())
+    found = asyncio.run(run())
+    results = found["results"]
     if as_json:
-        typer.echo(json.dumps({"results": results}, ensure_ascii=False))
+        typer.echo(json.dumps(found, ensure_ascii=False))
         return
+    if graph:
+        linked = found.get("linked", [])
+        typer.echo("entities in the query: " + (", ".join(f"{e['name']} ({e['type']}, {e['how']})" for e in linked) or "none"))
     if not results:
         typer.echo("no results")
     for rank, hit in enumerate(results, start=1):
+        if hit.get("kind") == "fact":
+            typer.echo(f"{rank}. fact [{hit['hops']} hop] {hit['text']}  <- {', '.join(hit['doc_ids'])}")
+            continue
         text = " ".join(hit["text"].split())
         typer.echo(f"{rank}. {hit['doc_id']} ({hit['chunk_id']}) score={hit['score']:.4f}\n   {text[:200]}")
+
+
+def graph_results(found: GraphRetrieval, hits: list[SearchHit]) -> dict[str, Any]:
+    """A graph search's answer (CLI and HTTP API): facts first, then chunks, each with
+    its ``kind`` and ``doc_id``; ``linked``: the entities found in the query."""
+    return {
+        "results": [{"kind": "fact", **fact.json()} for fact in found.facts] + [{"kind": "chunk", **hit.json()} for hit in hits],
+        "linked": [
+            {
+                "id": link.entity.id,
+                "name": link.entity.name,
+                "type": link.entity.type,
+                "how": link.how,
+                "score": round(link.score, 4),
+                "mention": link.mention,
+            }
+            for link in found.linked
+        ],
+    }
 
 
 knowledge_app = typer.Typer(help="Maintain the vector store: migrate collections, optimise indexes.", no_args_is_help=True)

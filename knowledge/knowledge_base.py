@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,6 +59,10 @@ class KnowledgeBase:
         )
         self._ingestor = Ingestor(store, embedder, self.chunker, self.sparse, batch_chunks=max(64, settings.embedder.batch_size))
         self._writing: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self.on_removed: Callable[[str, str], Awaitable[None]] | None = None
+        """Called with (collection, doc_id) after a document was replaced or deleted,
+        inside the collection's write lock: the knowledge graph removes the facts
+        that only the old version supported (`KnowledgeGraph.delete_document`)."""
 
     @contextlib.asynccontextmanager
     async def _lock(self, collection: str) -> AsyncIterator[None]:
@@ -92,10 +96,21 @@ class KnowledgeBase:
                 tenant may replace only its own); nothing was written.
         """
         valid_collection_name(collection)
+        removed: list[str] = []
+
+        def note(doc_id: str, outcome: str) -> None:
+            if outcome in ("updated", "deleted"):
+                removed.append(doc_id)
+            if progress is not None:
+                progress(doc_id, outcome)
+
         async with self._lock(collection):
-            return await self._ingestor.ingest(
-                collection, items, delete_missing=delete_missing, tenant=tenant, progress=progress
-            )
+            try:
+                return await self._ingestor.ingest(collection, items, delete_missing=delete_missing, tenant=tenant, progress=note)
+            finally:
+                # The facts of a replaced version came from chunks that are gone;
+                # `switchyard ingest --graph` extracts the new version again.
+                await self._removed(collection, removed)
 
     async def search(
         self,
@@ -148,7 +163,15 @@ class KnowledgeBase:
                 return False
             if tenant is not None and stored.owner != tenant:
                 raise DocumentOwnershipError(collection, tenant, [doc_id])
-            return await self.store.delete_document(collection, doc_id)
+            deleted = await self.store.delete_document(collection, doc_id)
+            await self._removed(collection, [doc_id])
+            return deleted
+
+    async def _removed(self, collection: str, doc_ids: list[str]) -> None:
+        if self.on_removed is None:
+            return
+        for doc_id in doc_ids:
+            await self.on_removed(collection, doc_id)
 
     async def collections(self) -> list[CollectionInfo]:
         return await self.store.collections()

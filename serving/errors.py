@@ -33,6 +33,13 @@ from knowledge import (
     UnknownCollectionError,
     VectorStoreError,
 )
+from knowledge.errors import (
+    GraphNotFoundError,
+    GraphStoreError,
+    OntologyError,
+    OntologyMismatchError,
+    OntologyViolationError,
+)
 from serving._tasks import RunDeadlineError
 from serving.observability import REQUEST_ID_HEADER, current_request_id
 from serving.threads import ThreadStoreError
@@ -125,6 +132,14 @@ def to_api_error(exc: BaseException) -> ApiError:
         return ApiError(status=503, message=str(exc), type="backend_unavailable", code="embedder_unavailable")
     if isinstance(exc, VectorStoreError):
         return ApiError(status=503, message=str(exc), type="storage_unavailable", code="vector_store_unavailable")
+    if isinstance(exc, GraphNotFoundError):
+        return ApiError(status=404, message=str(exc), type="invalid_request_error", param="collection", code="graph_not_found")
+    if isinstance(exc, OntologyMismatchError):
+        return ApiError(status=409, message=str(exc), type="invalid_request_error", param="ontology", code="ontology_mismatch")
+    if isinstance(exc, (OntologyError, OntologyViolationError)):
+        return ApiError(status=400, message=str(exc), type="invalid_request_error", param="ontology", code="invalid_ontology")
+    if isinstance(exc, GraphStoreError):
+        return ApiError(status=503, message=str(exc), type="storage_unavailable", code="graph_store_unavailable")
     if isinstance(exc, KnowledgeError):
         return ApiError(status=400, message=str(exc), type="invalid_request_error", code="knowledge_error")
     if isinstance(exc, ThreadStoreError):

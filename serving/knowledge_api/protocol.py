@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from knowledge import (
     IngestReport,
@@ -16,6 +16,14 @@ from knowledge import (
 )
 
 __all__ = [
+    "ExtractRequest",
+    "FactResult",
+    "GraphImportRequest",
+    "GraphStatsOut",
+    "LinkedEntityOut",
+    "NeighborsOut",
+    "OntologyIn",
+    "OntologyOut",
     "CollectionList",
     "CollectionOut",
     "DocumentIn",
@@ -155,9 +163,13 @@ class SearchRequest(BaseModel):
     k: int = Field(default=5, ge=1, le=100)
     mode: Literal["hybrid", "dense", "sparse"] = "hybrid"
     filter: SearchFilterIn | None = None
+    graph: bool = False
+    """Also retrieve facts from the collection's knowledge graph (as the ``graphrag``
+    graph does): the facts come first in ``results`` (``kind: fact``), at most ``k``."""
 
 
 class SearchResult(BaseModel):
+    kind: Literal["chunk"] = "chunk"
     doc_id: str
     chunk_id: str
     score: float
@@ -170,5 +182,91 @@ class SearchResult(BaseModel):
     heading: str
 
 
+class FactResult(BaseModel):
+    """A fact of the knowledge graph: ``subject relation object``, with the chunks that state it."""
+
+    kind: Literal["fact"] = "fact"
+    text: str
+    subject: str
+    subject_type: str
+    relation: str
+    object: str
+    object_type: str
+    hops: int
+    """1: the relation touches an entity the query names; 2: one relation further; ..."""
+    score: float
+    doc_id: str | None
+    """The first document stating it (``doc_ids``: all of them)."""
+    doc_ids: list[str]
+    chunk_ids: list[str]
+    sources: list[dict[str, Any]] = Field(default_factory=list)
+    """The chunks stating it: ``chunk_id``, ``doc_id``, ``text``, ``title``, ``source``."""
+
+
+class LinkedEntityOut(BaseModel):
+    """An entity the query names."""
+
+    id: str
+    name: str
+    type: str
+    how: Literal["exact", "alias", "vector"]
+    score: float
+    mention: str
+
+
 class SearchResponse(BaseModel):
-    results: list[SearchResult]
+    results: list[Annotated[SearchResult | FactResult, Field(discriminator="kind")]]
+    linked: list[LinkedEntityOut] | None = None
+    """With ``graph``: the entities found in the query."""
+
+
+class OntologyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ontology: str = Field(min_length=1, max_length=1_000_000)
+    """The ontology file's text (YAML or JSON)."""
+
+
+class OntologyOut(BaseModel):
+    collection: str
+    name: str
+    fingerprint: str
+    entity_types: list[str]
+    relation_types: list[str]
+
+
+class ExtractRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    doc_ids: list[Annotated[str, AfterValidator(document_id)]] | None = Field(default=None, max_length=100_000)
+    """The documents to extract (default: every document of the collection); those
+    whose facts are already extracted from the same content are skipped."""
+    ontology: str | None = Field(default=None, min_length=1, max_length=1_000_000)
+    """An ontology's text: binds the collection's graph the first time."""
+    force: bool = False
+    """Extract again even documents whose facts are up to date."""
+
+
+class GraphImportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lines: list[str] = Field(max_length=1_000_000)
+    """Curated facts, one JSON object per line (``kind`` entity or relation)."""
+    ontology: str | None = Field(default=None, min_length=1, max_length=1_000_000)
+    source: str = Field(default="upload", max_length=500)
+    """What the lines came from, for the problems' locations."""
+
+
+class GraphStatsOut(BaseModel):
+    collection: str
+    ontology: str
+    documents: int
+    chunks: int
+    entities: dict[str, int]
+    relations: dict[str, int]
+
+
+class NeighborsOut(BaseModel):
+    collection: str
+    matched: list[dict[str, Any]]
+    facts: list[dict[str, Any]]
