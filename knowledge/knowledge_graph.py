@@ -1,0 +1,697 @@
+"""`KnowledgeGraph`: the knowledge graph's facade (bind an ontology, extract, import
+curated facts, delete, neighbours, retrieval, stats), over a `GraphStore` and the
+`KnowledgeBase` whose documents the facts come from; `open_graph_store` and
+`open_knowledge_graph` build them from settings.
+
+What a collection's graph holds and where it comes from:
+
+- **Extraction** (`KnowledgeGraph.extract`): per chunk of each document, the
+  extraction alias is asked for entities and relations under the ontology's JSON
+  schema (`knowledge.extraction.extractor`); each item is checked
+  (`knowledge.extraction.validate`), resolved (same type and normalised name or
+  alias: one entity; an entity the graph already holds keeps its id) and the
+  document's graph is written as a unit, replacing what the document supported
+  before. A document whose graph was written from its current version (same content
+  hash as the vector store) is skipped unless ``force``. A document with a chunk
+  whose extraction failed is written with what the other chunks gave, under a
+  ``partial:`` hash, so the next extraction tries it again.
+- **Curated facts** (`KnowledgeGraph.import_facts`): JSON Lines under the same checks
+  (`knowledge.extraction.curated`). Each fact is stated by its ``source`` document;
+  it is linked to that document's chunks that contain one of the names (case-folded;
+  for a relation, chunks with both ends' names, else either, else the first chunk).
+  An import **adds** to what the document already has in the graph: the document's
+  graph becomes the union of its stored facts (extracted or imported before) and the
+  imported ones. A later extraction of the document (a new version, or ``force``)
+  replaces its graph, curated facts included: import them again after it.
+- **Documents change**: a document replaced or deleted in the knowledge base loses
+  its facts (`KnowledgeGraph.delete_document`, called by the knowledge base's hook);
+  facts other documents also state stay.
+- **Entity companion**: ``<collection>__entities``, a vector collection of the
+  knowledge base with one document per entity (id: the entity id; text: its name,
+  aliases, type and description; metadata ``entity_type``), kept in step with the
+  graph after each write, for linking questions to entities by meaning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from pydantic import BaseModel, Field
+
+from knowledge.errors import GraphNotFoundError, KnowledgeError, UnknownCollectionError
+from knowledge.extraction.curated import parse_curated
+from knowledge.extraction.extractor import ChunkExtraction, Extractor
+from knowledge.extraction.validate import INVALID_REASONS, DocumentGraphBuilder, EntityItem, Problem, resolve_ends
+from knowledge.graphstore.base import DocumentGraph, Entity, Fact, GraphStats, GraphStore, Relation
+from knowledge.knowledge_base import KnowledgeBase
+from knowledge.models import Document
+from knowledge.ontology import Ontology
+from knowledge.retrieval.graph import (
+    ENTITIES_SUFFIX,
+    FactSource,
+    GraphRetrieval,
+    GraphRetriever,
+    LinkedEntity,
+    RankedFact,
+    entities_collection,
+)
+from knowledge.settings import GraphSettings, KnowledgeSettings
+from knowledge.vectorstore.base import valid_collection_name
+
+if TYPE_CHECKING:
+    from gateway import ModelGateway
+
+__all__ = [
+    "ENTITIES_SUFFIX",
+    "FactSource",
+    "GraphReport",
+    "GraphRetrieval",
+    "KnowledgeGraph",
+    "LinkedEntity",
+    "NeighborsResult",
+    "OntologyRequiredError",
+    "RankedFact",
+    "entities_collection",
+    "open_graph_store",
+    "open_knowledge_graph",
+]
+
+log = logging.getLogger(__name__)
+
+PARTIAL_PREFIX: Final = "partial:"
+"""Content hash prefix of a document graph written while some chunks failed."""
+
+MAX_PROBLEMS: Final = 100
+"""Problems a report lists (all are counted)."""
+
+MAX_HOPS: Final = 4
+MAX_FANOUT: Final = 500
+MAX_LIMIT: Final = 1000
+MAX_FACTS: Final = 200
+
+# Reading back what a document contributed asks for every relation of its entities.
+_ALL: Final = 1_000_000
+
+
+class OntologyRequiredError(KnowledgeError):
+    """A collection with no knowledge graph yet was given no ontology to bind.
+
+    Attributes:
+        collection: the collection.
+    """
+
+    def __init__(self, collection: str) -> None:
+        self.collection = collection
+        super().__init__(
+            f"collection {collection!r} has no knowledge graph yet: give an ontology (--ontology FILE) to create one"
+        )
+
+
+class GraphReport(BaseModel):
+    """What an extraction or an import did (``--json``)."""
+
+    collection: str
+    ontology: str
+    """The ontology the graph is bound to (``name (fingerprint)``)."""
+    documents: int = 0
+    """Documents whose graph was written."""
+    skipped: int = 0
+    """Documents whose graph was already written from their current version (extraction)."""
+    chunks: int = 0
+    """Chunks extracted (extraction), or curated lines read (import)."""
+    failed_chunks: int = 0
+    """Chunks whose model call failed or whose answer was not JSON (extraction)."""
+    entities: dict[str, int] = Field(default_factory=dict)
+    """Entities written, per type (each entity once)."""
+    relations: dict[str, int] = Field(default_factory=dict)
+    """Relations written, per type (each once)."""
+    invalid: dict[str, int] = Field(default_factory=dict)
+    """Items dropped, per reason (`knowledge.extraction.validate.INVALID_REASONS`)."""
+    problems: list[dict[str, str]] = Field(default_factory=list)
+    """The first `MAX_PROBLEMS` problems: ``{"where": "line 3" | "chunk doc#2", "reason", "detail"}``;
+    besides the invalid reasons, ``timeout`` and ``model_error`` for failed chunks."""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NeighborsResult:
+    """The entities a name matched and the facts around them."""
+
+    collection: str
+    matched: tuple[Entity, ...]
+    """Entities whose name or alias is the name asked for (or, when none is, the
+    entities the entity companion finds closest in meaning above the linking threshold)."""
+    facts: tuple[Fact, ...]
+    """Nearer first (see `GraphStore.neighbors`)."""
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "collection": self.collection,
+            "matched": [{"id": e.id, "name": e.name, "type": e.type, "aliases": list(e.aliases)} for e in self.matched],
+            "facts": [
+                {
+                    "text": f.text(),
+                    "subject": f.source.name,
+                    "relation": f.relation,
+                    "object": f.target.name,
+                    "subject_type": f.source.type,
+                    "object_type": f.target.type,
+                    "hops": f.hops,
+                    "doc_id": f.doc_ids[0] if f.doc_ids else None,
+                    "doc_ids": list(f.doc_ids),
+                    "chunk_ids": list(f.chunk_ids),
+                }
+                for f in self.facts
+            ],
+        }
+
+
+class _Tally:
+    """Counts for a `GraphReport`."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self.invalid: Counter[str] = Counter()
+        self.entities: dict[str, str] = {}
+        self.relations: set[tuple[str, str, str]] = set()
+        self.documents = 0
+        self.skipped = 0
+        self.chunks = 0
+        self.failed_chunks = 0
+
+    def problem(self, problem: Problem) -> None:
+        if problem.reason in INVALID_REASONS:
+            self.invalid[problem.reason] += 1
+        self.problems.append(problem)
+
+    def written(self, graph: DocumentGraph) -> None:
+        self.documents += 1
+        self.entities.update((e.id, e.type) for e in graph.entities)
+        self.relations.update((r.type, r.source, r.target) for r in graph.relations)
+
+    def report(self, collection: str, ontology: Ontology, started: float) -> GraphReport:
+        return GraphReport(
+            collection=collection,
+            ontology=ontology.describe(),
+            documents=self.documents,
+            skipped=self.skipped,
+            chunks=self.chunks,
+            failed_chunks=self.failed_chunks,
+            entities=dict(sorted(Counter(self.entities.values()).items())),
+            relations=dict(sorted(Counter(t for t, _, _ in self.relations).items())),
+            invalid=dict(sorted(self.invalid.items())),
+            problems=[p.json() for p in self.problems[:MAX_PROBLEMS]],
+            seconds=round(time.perf_counter() - started, 3),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    chunk_id: str
+    text: str
+    folded: str
+
+
+def _entity_item(entity: Entity) -> EntityItem:
+    return EntityItem(
+        type=entity.type, name=entity.name, aliases=entity.aliases, description=entity.description,
+        properties=dict(entity.properties),
+    )
+
+
+def _entity_document(entity: Entity) -> Document:
+    """The entity companion's document for ``entity``."""
+    lines = [entity.name]
+    if entity.aliases:
+        lines.append("Also known as: " + ", ".join(entity.aliases))
+    lines.append(f"Type: {entity.type}")
+    if entity.description:
+        lines.append(entity.description)
+    return Document(
+        id=entity.id, text="\n".join(lines), title=entity.name, source="knowledge graph",
+        metadata={"entity_type": entity.type},
+    )
+
+
+def _naming(chunks: Sequence[_Chunk], names: Iterable[str]) -> list[str]:
+    folded = [n.casefold() for n in names if n.strip()]
+    return [c.chunk_id for c in chunks if any(n in c.folded for n in folded)]
+
+
+def _bounded(value: int, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise KnowledgeError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
+class KnowledgeGraph:
+    """A knowledge graph per collection, constrained by an ontology, every fact
+    traceable to the chunks that state it (see the module docstring).
+
+    Writes to one collection's graph (a document's graph read back, merged and
+    written; the entity companion updated) run one at a time in this process; model
+    calls run outside that lock.
+    """
+
+    def __init__(
+        self, store: GraphStore, knowledge: KnowledgeBase, settings: GraphSettings, gateway: ModelGateway | None = None
+    ) -> None:
+        """Args:
+            store: the graph store (owned: `aclose` closes it).
+            knowledge: the knowledge base holding the documents and the entity
+                companions (not owned: the caller closes it).
+            settings: extraction and retrieval settings.
+            gateway: the model gateway; needed by `extract` only.
+        """
+        self.store = store
+        self.knowledge = knowledge
+        self.settings = settings
+        self.gateway = gateway
+        self.retriever = GraphRetriever(store, knowledge, settings.retrieval)
+        self._writing: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, collection: str) -> AsyncIterator[None]:
+        # Dropped once nobody holds or waits for it: names come from clients.
+        lock, users = self._writing.setdefault(collection, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._writing[collection]
+
+    # ---- binding ---------------------------------------------------------------------------
+
+    async def bind(self, collection: str, ontology: Ontology | None) -> Ontology:
+        """The ontology of ``collection``'s graph: ``ontology`` bound to it (creating
+        the graph the first time), or with None the one it is bound to.
+
+        Raises:
+            InvalidCollectionNameError: not a collection name, or an entity companion.
+            OntologyRequiredError: None given and the collection has no graph.
+            OntologyMismatchError: the graph is bound to another ontology.
+        """
+        self._check_name(collection)
+        if ontology is None:
+            bound = await self.store.ontology(collection)
+            if bound is None:
+                raise OntologyRequiredError(collection)
+            return bound
+        await self.store.bind(collection, ontology)
+        return ontology
+
+    @staticmethod
+    def _check_name(collection: str) -> None:
+        valid_collection_name(collection)
+        if collection.endswith(ENTITIES_SUFFIX):
+            raise KnowledgeError(
+                f"collection {collection!r} is the entity companion of a knowledge graph, not a collection of documents"
+            )
+
+    async def _require_collection(self, collection: str) -> None:
+        if not await self.knowledge.store.has_collection(collection):
+            raise UnknownCollectionError(collection, [c.name for c in await self.knowledge.collections()])
+
+    async def _require_graph(self, collection: str) -> Ontology:
+        valid_collection_name(collection)
+        ontology = await self.store.ontology(collection)
+        if ontology is None:
+            raise GraphNotFoundError(collection, await self.store.graphs())
+        return ontology
+
+    # ---- extraction ------------------------------------------------------------------------
+
+    async def extract(
+        self,
+        collection: str,
+        doc_ids: Sequence[str] | None = None,
+        *,
+        ontology: Ontology | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        force: bool = False,
+    ) -> GraphReport:
+        """Extract the graph of the collection's documents with the model.
+
+        Args:
+            collection: a collection of the knowledge base.
+            doc_ids: the documents to extract; None: all of them. An id the
+                collection does not have is reported (``unknown_document``).
+            ontology: bound to the collection first (see `bind`); None: the bound one.
+            progress: called with (chunks done, chunks to do) after each chunk.
+            force: extract documents whose graph is already up to date too.
+
+        Returns:
+            The counts; chunks that failed and items that were dropped are in it, not raised.
+
+        Raises:
+            KnowledgeError: no model gateway.
+            UnknownCollectionError: no such collection.
+            OntologyRequiredError, OntologyMismatchError: see `bind`.
+            UnknownModelError, CapabilityError: the extraction alias cannot answer
+                under a JSON schema (before any chunk).
+        """
+        started = time.perf_counter()
+        self._check_name(collection)
+        if self.gateway is None:
+            raise KnowledgeError("extraction needs the model gateway")
+        await self._require_collection(collection)
+        ontology = await self.bind(collection, ontology)
+        extractor = Extractor(self.gateway, ontology, self.settings.extraction)
+        extractor.check()
+        tally = _Tally()
+        stored_docs = await self.knowledge.store.documents(collection)
+        graph_docs = await self.store.documents(collection)
+        wanted = sorted(stored_docs) if doc_ids is None else list(dict.fromkeys(doc_ids))
+        todo = []
+        for doc_id in wanted:
+            entry = stored_docs.get(doc_id)
+            if entry is None:
+                tally.problem(
+                    Problem(where=f"document {doc_id}", reason="unknown_document", detail=f"no document {doc_id!r} in {collection!r}")
+                )
+            elif not force and graph_docs.get(doc_id) == entry.version:
+                tally.skipped += 1
+            else:
+                todo.append(entry)
+        total = sum(e.chunks for e in todo)
+        done = 0
+        semaphore = asyncio.Semaphore(self.settings.extraction.concurrency)
+
+        async def one(chunk: _Chunk) -> ChunkExtraction:
+            nonlocal done
+            async with semaphore:
+                result = await extractor.extract(chunk.chunk_id, chunk.text)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+            return result
+
+        touched: set[str] = set()
+        for entry in todo:
+            chunks = await self._chunks(collection, entry.doc_id)
+            if chunks is None:
+                continue  # deleted meanwhile
+            results = await asyncio.gather(*(one(c) for c in chunks))
+            tally.chunks += len(results)
+            failed = sum(1 for r in results if r.failed)
+            tally.failed_chunks += failed
+            for result in results:
+                for problem in result.problems:
+                    tally.problem(problem)
+            version = entry.version if not failed else PARTIAL_PREFIX + entry.version
+            async with self._lock(collection):
+                names = [n for r in results for e in r.entities for n in (e.name, *e.aliases)]
+                stored = await self._stored_entities(collection, names)
+                builder = DocumentGraphBuilder(
+                    doc_id=entry.doc_id, content_hash=version, chunk_ids=[c.chunk_id for c in chunks], stored=stored
+                )
+                for result in results:
+                    handles = {id(e): builder.add_entity(e, [result.chunk_id]) for e in result.entities}
+                    for relation, source, target in result.relations:
+                        builder.add_relation(relation.type, handles[id(source)], handles[id(target)], [result.chunk_id])
+                graph = builder.build()
+                await self.store.write_document(collection, graph)
+                tally.written(graph)
+                touched.update(e.id for e in graph.entities)
+                await self._update_companion(collection, [e.id for e in graph.entities])
+        if tally.documents:
+            async with self._lock(collection):
+                await self._prune_companion(collection)
+        report = tally.report(collection, ontology, started)
+        log.info(
+            "graph extraction %s: %d documents, %d skipped, %d chunks (%d failed), %d entities, %d relations, invalid %s",
+            collection, report.documents, report.skipped, report.chunks, report.failed_chunks,
+            sum(report.entities.values()), sum(report.relations.values()), report.invalid or "none",
+        )
+        return report
+
+    async def _chunks(self, collection: str, doc_id: str) -> list[_Chunk] | None:
+        """The document's live chunks in order, or None if it is gone."""
+        export = await self.knowledge.store.export_document(collection, doc_id)
+        if export is None:
+            return None
+        rows = sorted(export.chunks, key=lambda c: int(c.payload.get("index", 0)))
+        return [
+            _Chunk(chunk_id=str(c.payload["chunk_id"]), text=str(c.payload.get("text", "")),
+                   folded=str(c.payload.get("text", "")).casefold())
+            for c in rows
+        ]
+
+    async def _stored_entities(self, collection: str, names: Sequence[str]) -> list[Entity]:
+        unique = list(dict.fromkeys(names))
+        if not unique:
+            return []
+        return await self.store.find_entities(collection, unique, limit=max(100, 4 * len(unique)))
+
+    # ---- the entity companion ---------------------------------------------------------------
+
+    async def _update_companion(self, collection: str, entity_ids: Sequence[str]) -> None:
+        """Write the companion's point of each of these entities as the graph holds it
+        now (unchanged ones are skipped by content hash)."""
+        if not entity_ids:
+            return
+        entities = await self.store.entities(collection, list(entity_ids))
+        if entities:
+            await self.knowledge.ingest(entities_collection(collection), [_entity_document(e) for e in entities])
+
+    async def _companion_ids(self, collection: str) -> list[str]:
+        companion = entities_collection(collection)
+        if not await self.knowledge.store.has_collection(companion):
+            return []
+        return sorted(await self.knowledge.store.documents(companion))
+
+    async def _prune_companion(self, collection: str) -> None:
+        """Remove the companion's points of entities the graph no longer holds."""
+        ids = await self._companion_ids(collection)
+        if not ids:
+            return
+        alive = {e.id for e in await self.store.entities(collection, ids)}
+        for gone in (i for i in ids if i not in alive):
+            await self.knowledge.delete(entities_collection(collection), gone)
+
+    # ---- curated facts ---------------------------------------------------------------------
+
+    async def _document_graph(self, collection: str, doc_id: str, chunk_ids: Sequence[str]) -> tuple[list[Entity], dict[str, list[str]], list[Relation]]:
+        """What the graph holds from ``doc_id`` now: its entities, which of its chunks
+        mention each, and its relations with its own chunk ids.
+
+        The port has no "read a document's graph", so this reads it back through the
+        entity companion (every entity of the graph has a point there): the mentions
+        of every entity, then the relations of those the document mentions."""
+        own = set(chunk_ids)
+        ids = await self._companion_ids(collection)
+        if not ids:
+            return [], {}, []
+        mentions = await self.store.mentions(collection, ids)
+        mine = {e: [c for c in chunks if c in own] for e, chunks in mentions.items()}
+        mine = {e: c for e, c in mine.items() if c}
+        if not mine:
+            return [], {}, []
+        entities = await self.store.entities(collection, sorted(mine))
+        facts = await self.store.neighbors(collection, sorted(mine), hops=1, fanout=_ALL, limit=_ALL)
+        relations: dict[tuple[str, str, str], list[str]] = {}
+        for fact in facts:
+            chunks = [c for c in fact.chunk_ids if c in own]
+            if chunks:
+                relations[(fact.relation, fact.source.id, fact.target.id)] = chunks
+        return (
+            entities,
+            mine,
+            [Relation(type=t, source=s, target=d, chunk_ids=tuple(c)) for (t, s, d), c in sorted(relations.items())],
+        )
+
+    async def import_facts(
+        self, collection: str, lines: Iterable[str], *, ontology: Ontology | None = None, source: str = "<input>"
+    ) -> GraphReport:
+        """Import curated facts (JSON Lines, see `knowledge.extraction.curated`).
+
+        Every line is checked; a line that fails is dropped and reported with its
+        number, the others are written. Relation ends are looked up among the
+        import's entities first, then the graph's. Each document named by a
+        ``source`` gets the union of what it had in the graph and the imported facts.
+
+        Args:
+            collection: a collection of the knowledge base.
+            lines: the file's lines.
+            ontology: bound to the collection first; None: the bound one.
+            source: the file's name, for the log.
+
+        Raises:
+            UnknownCollectionError: no such collection.
+            OntologyRequiredError, OntologyMismatchError: see `bind`.
+        """
+        started = time.perf_counter()
+        self._check_name(collection)
+        await self._require_collection(collection)
+        ontology = await self.bind(collection, ontology)
+        tally = _Tally()
+        parsed = parse_curated(lines, ontology)
+        tally.chunks = parsed.lines
+        for problem in parsed.problems:
+            tally.problem(problem)
+        stored_docs = await self.knowledge.store.documents(collection)
+
+        def known(doc: str, where: str) -> bool:
+            if doc in stored_docs:
+                return True
+            tally.problem(Problem(where=where, reason="unknown_document", detail=f"source {doc!r} is not a document of {collection!r}"))
+            return False
+
+        entities = [e for e in parsed.entities if known(e.source, e.item.where)]
+        relations = [r for r in parsed.relations if known(r.source, r.item.where)]
+        names = [n for e in entities for n in (e.item.name, *e.item.aliases)]
+        names += [n for r in relations for n in (r.item.source, r.item.target)]
+        stored = await self._stored_entities(collection, names)
+        # Relation ends: the import's entities first, then the graph's.
+        from_store = [_entity_item(e) for e in stored]
+        known_entity = {id(item): entity for item, entity in zip(from_store, stored, strict=True)}
+        candidates = [*(e.item for e in entities), *from_store]
+        resolved = []
+        for relation in relations:
+            ends = resolve_ends(relation.item, candidates, ontology)
+            if isinstance(ends, Problem):
+                tally.problem(ends)
+            else:
+                resolved.append((relation, *ends))
+        graph_docs = await self.store.documents(collection)
+        touched: list[str] = []
+        for doc_id in sorted({e.source for e in entities} | {r.source for r, _, _ in resolved}):
+            chunks = await self._chunks(collection, doc_id)
+            if chunks is None or not chunks:
+                for e in entities:
+                    if e.source == doc_id:
+                        tally.problem(Problem(where=e.item.where, reason="unknown_document", detail=f"document {doc_id!r} is gone"))
+                continue
+            chunk_ids = [c.chunk_id for c in chunks]
+            first = [chunk_ids[0]]
+            async with self._lock(collection):
+                old_entities, old_mentions, old_relations = await self._document_graph(collection, doc_id, chunk_ids)
+                # Keep the graph's record of the document (its extraction state) if it
+                # has one; else the facts are of the document's current version.
+                version = graph_docs.get(doc_id) or stored_docs[doc_id].version
+                builder = DocumentGraphBuilder(
+                    doc_id=doc_id, content_hash=version, chunk_ids=chunk_ids, stored=[*stored, *old_entities]
+                )
+                handles = {e.id: builder.add_entity(_entity_item(e), old_mentions[e.id], known=e) for e in old_entities}
+                for relation in old_relations:
+                    if relation.source in handles and relation.target in handles:
+                        builder.add_relation(relation.type, handles[relation.source], handles[relation.target], relation.chunk_ids)
+                for curated in (e for e in entities if e.source == doc_id):
+                    item = curated.item
+                    builder.add_entity(item, _naming(chunks, (item.name, *item.aliases)) or first)
+                for curated, subject, obj in (r for r in resolved if r[0].source == doc_id):
+                    subject_names, object_names = (subject.name, *subject.aliases), (obj.name, *obj.aliases)
+                    both = [c for c in _naming(chunks, subject_names) if c in set(_naming(chunks, object_names))]
+                    stating = both or _naming(chunks, (*subject_names, *object_names)) or first
+                    source_handle = builder.add_entity(subject, stating, known=known_entity.get(id(subject)))
+                    target_handle = builder.add_entity(obj, stating, known=known_entity.get(id(obj)))
+                    builder.add_relation(curated.item.type, source_handle, target_handle, stating)
+                graph = builder.build()
+                await self.store.write_document(collection, graph)
+                tally.written(graph)
+                touched.extend(e.id for e in graph.entities)
+                await self._update_companion(collection, [e.id for e in graph.entities])
+        report = tally.report(collection, ontology, started)
+        log.info(
+            "graph import %s from %s: %d lines, %d documents, %d entities, %d relations, invalid %s",
+            collection, source, report.chunks, report.documents, sum(report.entities.values()),
+            sum(report.relations.values()), report.invalid or "none",
+        )
+        return report
+
+    # ---- documents leaving -----------------------------------------------------------------
+
+    async def delete_document(self, collection: str, doc_id: str) -> None:
+        """Remove what ``doc_id`` contributed to ``collection``'s graph (facts other
+        documents state stay) and the companion points of entities that went with it.
+        Nothing happens for a collection with no graph or an entity companion, so the
+        knowledge base may call it for every document it replaces or deletes."""
+        if collection.endswith(ENTITIES_SUFFIX) or await self.store.ontology(collection) is None:
+            return
+        async with self._lock(collection):
+            if await self.store.delete_document(collection, doc_id):
+                await self._prune_companion(collection)
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    async def neighbors(
+        self, collection: str, name: str, *, hops: int | None = None, fanout: int | None = None, limit: int = 50
+    ) -> NeighborsResult:
+        """The facts within ``hops`` of the entities named ``name`` (by name or alias;
+        when none is, by meaning through the entity companion).
+
+        Raises:
+            KnowledgeError: an empty name, or hops/fanout/limit out of range.
+            GraphNotFoundError: the collection has no graph.
+        """
+        if not name.strip():
+            raise KnowledgeError("the entity name is empty")
+        retrieval = self.settings.retrieval
+        hops = _bounded(retrieval.hops if hops is None else hops, "hops", 1, MAX_HOPS)
+        fanout = _bounded(retrieval.fanout if fanout is None else fanout, "fanout", 1, MAX_FANOUT)
+        limit = _bounded(limit, "limit", 1, MAX_LIMIT)
+        await self._require_graph(collection)
+        matched = await self.store.find_entities(collection, [name], limit=20)
+        if not matched:
+            matched = [e for e, _ in await self.retriever._by_meaning(collection, name)]  # noqa: SLF001 - same package
+        facts = await self.store.neighbors(collection, [e.id for e in matched], hops=hops, fanout=fanout, limit=limit) if matched else []
+        return NeighborsResult(collection=collection, matched=tuple(matched), facts=tuple(facts))
+
+    async def retrieve(
+        self, collection: str, question: str, *, max_facts: int | None = None, hops: int | None = None
+    ) -> GraphRetrieval:
+        """The facts that answer ``question`` best, with their source chunks (see
+        `knowledge.retrieval.graph`).
+
+        Raises:
+            KnowledgeError: an empty question, or max_facts/hops out of range.
+            GraphNotFoundError: the collection has no graph.
+        """
+        if not question.strip():
+            raise KnowledgeError("the question is empty")
+        retrieval = self.settings.retrieval
+        max_facts = _bounded(retrieval.max_facts if max_facts is None else max_facts, "max_facts", 1, MAX_FACTS)
+        hops = _bounded(retrieval.hops if hops is None else hops, "hops", 1, MAX_HOPS)
+        await self._require_graph(collection)
+        return await self.retriever.retrieve(collection, question, max_facts=max_facts, hops=hops, fanout=retrieval.fanout)
+
+    async def stats(self, collection: str) -> GraphStats:
+        """Counts per type.
+
+        Raises:
+            GraphNotFoundError: the collection has no graph.
+        """
+        valid_collection_name(collection)
+        return await self.store.stats(collection)
+
+    async def graphs(self) -> list[str]:
+        """The collections that have a graph, sorted."""
+        return await self.store.graphs()
+
+    async def aclose(self) -> None:
+        """Close the graph store (the knowledge base is the caller's)."""
+        await self.store.aclose()
+
+
+def open_graph_store(settings: GraphSettings, data_dir: Path) -> GraphStore:
+    """The configured graph store: Neo4j when ``neo4j_url`` is set, else LadybugDB in
+    ``path`` (default ``<data_dir>/graph``)."""
+    raise NotImplementedError("open_graph_store lands with LadybugStore (helper A)")
+
+
+def open_knowledge_graph(
+    settings: KnowledgeSettings, data_dir: Path, knowledge: KnowledgeBase, gateway: ModelGateway | None = None
+) -> KnowledgeGraph:
+    """Open the graph store and build the `KnowledgeGraph` over ``knowledge``."""
+    return KnowledgeGraph(open_graph_store(settings.graph, data_dir), knowledge, settings.graph, gateway)

@@ -1,0 +1,328 @@
+"""Graph retrieval: link a question's entities, expand k hops, rank the facts found,
+and attach each fact's source chunks.
+
+1. **Linking.** Every run of 1 to `MAX_NGRAM` words of the question, normalised
+   (`normalise_name`), is looked up by name and alias (`GraphStore.find_entities`):
+   an entity whose canonical name matches is linked ``exact`` (score 1.0), by an
+   alias ``alias`` (0.9). The question is also searched by meaning in the
+   collection's entity companion (``<collection>__entities``, one point per entity:
+   its name, aliases, type and description); an entity found there with a cosine
+   similarity of at least ``min_link_relevance`` is linked ``vector`` with that
+   similarity as its score.
+2. **Expansion.** The relations within ``hops`` of the linked entities, either
+   direction, at most ``fanout`` per entity per hop (`GraphStore.neighbors`).
+3. **Ranking** (`rank_facts`), a weighted sum in [0, 1]:
+   ``0.45 * link + 0.30 / hops + 0.10 * relation + 0.15 * terms``, where ``link`` is
+   the best link score of the fact's ends that were linked (0 when neither was),
+   ``hops`` the fact's distance (1: it touches a linked entity), ``relation`` 1 when
+   a word of the relation type (``ISSUED_BY`` → "issued") appears in the question
+   (by its first five letters, so "issues" and "requires"/"required" match), and
+   ``terms`` the share of the question's content words found in the fact's chunks
+   or its ends' names. Ties keep the store's order (nearer first, then relation
+   type, then names), so a ranking is the same on every store and run.
+4. **Sources.** The text, title and source of each chunk a kept fact cites, read
+   from the vector store (`VectorStore.export_document`); a chunk the vector store
+   no longer has is left out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from knowledge.errors import UnknownCollectionError
+from knowledge.graphstore.base import Entity, Fact, GraphStore
+from knowledge.knowledge_base import KnowledgeBase
+from knowledge.ontology import normalise_name
+from knowledge.settings import GraphRetrievalSettings
+
+__all__ = [
+    "ENTITIES_SUFFIX",
+    "MAX_NGRAM",
+    "FactSource",
+    "GraphRetrieval",
+    "GraphRetriever",
+    "LinkedEntity",
+    "RankedFact",
+    "entities_collection",
+    "question_ngrams",
+    "rank_facts",
+]
+
+ENTITIES_SUFFIX: Final = "__entities"
+"""A collection's entity companion is ``<collection>__entities``."""
+
+MAX_NGRAM: Final = 6
+"""Longest run of question words looked up as an entity name."""
+
+MAX_QUESTION_WORDS: Final = 200
+"""Words of a question used for linking (the n-grams of a longer one are not all looked up)."""
+
+EXACT_SCORE: Final = 1.0
+ALIAS_SCORE: Final = 0.9
+
+_WEIGHTS: Final = {"link": 0.45, "hops": 0.30, "relation": 0.10, "terms": 0.15}
+
+# Words that carry no content in a question; they would make every chunk "match".
+_STOP_WORDS: Final = frozenset(
+    "a an and are as at be by can do does for from get got have how i if in is it its my me of on or our "
+    "should so that the their them then there these they this to was we what when where which who whom why "
+    "will with would you your not no yes any all one".split()
+)
+
+
+def entities_collection(collection: str) -> str:
+    """The vector collection holding one point per entity of ``collection``'s graph."""
+    return collection + ENTITIES_SUFFIX
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkedEntity:
+    """An entity of the graph the question names (or means)."""
+
+    entity: Entity
+    how: Literal["exact", "alias", "vector"]
+    """By its canonical name, by an alias, or found by meaning in the entity companion."""
+    score: float
+    """1.0 exact, 0.9 alias, the cosine similarity for ``vector``."""
+    mention: str
+    """The question text that matched (the whole question for ``vector``)."""
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "id": self.entity.id,
+            "name": self.entity.name,
+            "type": self.entity.type,
+            "how": self.how,
+            "score": round(self.score, 6),
+            "mention": self.mention,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FactSource:
+    """A chunk that states a fact."""
+
+    chunk_id: str
+    doc_id: str
+    text: str
+    title: str | None = None
+    source: str = ""
+
+    def json(self) -> dict[str, Any]:
+        return {"chunk_id": self.chunk_id, "doc_id": self.doc_id, "text": self.text, "title": self.title, "source": self.source}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankedFact:
+    """A fact found by expansion, its ranking score, and the chunks that state it."""
+
+    fact: Fact
+    score: float
+    sources: tuple[FactSource, ...]
+    """One per chunk id of the fact that the vector store still has, in chunk id order."""
+
+    def json(self) -> dict[str, Any]:
+        """The fact as clients and prompts see it; ``doc_id`` is the first document
+        that states it (as a chunk hit's ``doc_id``)."""
+        fact = self.fact
+        doc_ids = list(fact.doc_ids)
+        return {
+            "text": fact.text(),
+            "subject": fact.source.name,
+            "relation": fact.relation,
+            "object": fact.target.name,
+            "subject_type": fact.source.type,
+            "object_type": fact.target.type,
+            "hops": fact.hops,
+            "score": round(self.score, 6),
+            "doc_id": doc_ids[0] if doc_ids else None,
+            "doc_ids": doc_ids,
+            "chunk_ids": list(fact.chunk_ids),
+            "sources": [s.json() for s in self.sources],
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphRetrieval:
+    """What graph retrieval found for one question."""
+
+    collection: str
+    linked: tuple[LinkedEntity, ...]
+    """The entities the expansion started from, best first."""
+    facts: tuple[RankedFact, ...]
+    """Best first, at most ``max_facts``."""
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "collection": self.collection,
+            "linked": [e.json() for e in self.linked],
+            "facts": [f.json() for f in self.facts],
+        }
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def question_ngrams(question: str, *, max_words: int = MAX_NGRAM) -> dict[str, str]:
+    """Normalised runs of 1 to ``max_words`` whitespace-separated words of
+    ``question`` → the text as written (the first occurrence), longest runs first."""
+    words = question.split()[:MAX_QUESTION_WORDS]
+    found: dict[str, str] = {}
+    for size in range(min(max_words, len(words)), 0, -1):
+        for start in range(len(words) - size + 1):
+            text = " ".join(words[start : start + size])
+            key = normalise_name(text)
+            if key and key not in found:
+                found[key] = text.strip(" .,;:!?\"'`()[]{}«»“”‘’")
+    return found
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.casefold()) if len(w) > 2 and w not in _STOP_WORDS}
+
+
+def _stems(words: set[str]) -> set[str]:
+    return {w[:5] for w in words}
+
+
+def _relation_mentioned(relation: str, question_stems: set[str]) -> bool:
+    parts = [p for p in relation.casefold().split("_") if len(p) > 2 and p not in _STOP_WORDS]
+    return any(p[:5] in question_stems for p in parts)
+
+
+def rank_facts(
+    facts: Sequence[Fact],
+    linked: Sequence[LinkedEntity],
+    question: str,
+    chunk_texts: Mapping[str, str],
+) -> list[tuple[Fact, float]]:
+    """``facts`` with their scores, best first (see the module docstring; ties keep
+    the order of ``facts``).
+
+    Args:
+        facts: the expansion's facts, in the store's order.
+        linked: the linked entities (their scores weigh the facts that touch them).
+        question: the question.
+        chunk_texts: chunk id → text, for the facts' chunks (missing ones count as empty).
+    """
+    link_scores: dict[str, float] = {}
+    for item in linked:
+        link_scores[item.entity.id] = max(link_scores.get(item.entity.id, 0.0), item.score)
+    question_words = _content_words(question)
+    question_stems = _stems(question_words)
+    scored: list[tuple[float, int, Fact]] = []
+    for position, fact in enumerate(facts):
+        link = max(link_scores.get(fact.source.id, 0.0), link_scores.get(fact.target.id, 0.0))
+        relation = 1.0 if _relation_mentioned(fact.relation, question_stems) else 0.0
+        if question_words:
+            seen = " ".join(
+                [*(chunk_texts.get(c, "") for c in fact.chunk_ids), fact.source.name, *fact.source.aliases,
+                 fact.target.name, *fact.target.aliases]
+            )
+            seen_stems = _stems(_content_words(seen))
+            terms = sum(1 for w in question_words if w[:5] in seen_stems) / len(question_words)
+        else:
+            terms = 0.0
+        score = (
+            _WEIGHTS["link"] * link
+            + _WEIGHTS["hops"] / max(fact.hops, 1)
+            + _WEIGHTS["relation"] * relation
+            + _WEIGHTS["terms"] * terms
+        )
+        scored.append((score, position, fact))
+    scored.sort(key=lambda row: (-row[0], row[1]))
+    return [(fact, score) for score, _, fact in scored]
+
+
+class GraphRetriever:
+    """Linking, expansion, ranking and sources over one graph store and the knowledge
+    base that holds the chunks (and the entity companions)."""
+
+    def __init__(self, store: GraphStore, knowledge: KnowledgeBase, settings: GraphRetrievalSettings) -> None:
+        self.store = store
+        self.knowledge = knowledge
+        self.settings = settings
+
+    async def link(self, collection: str, question: str) -> list[LinkedEntity]:
+        """The entities ``question`` names (exact, alias) or means (vector), best first,
+        one entry per entity."""
+        ngrams = question_ngrams(question)
+        found: dict[str, LinkedEntity] = {}
+        if ngrams:
+            for entity in await self.store.find_entities(collection, list(ngrams), limit=100):
+                canonical = normalise_name(entity.name)
+                # The longest run of words that names it (ngrams are longest first).
+                key = next((k for k in ngrams if k in entity.keys), None)
+                if key is None:
+                    continue
+                how: Literal["exact", "alias"] = "exact" if key == canonical else "alias"
+                linked = LinkedEntity(entity=entity, how=how, score=EXACT_SCORE if how == "exact" else ALIAS_SCORE,
+                                      mention=ngrams[key])
+                if entity.id not in found or found[entity.id].score < linked.score:
+                    found[entity.id] = linked
+        for entity, relevance in await self._by_meaning(collection, question):
+            if entity.id not in found:
+                found[entity.id] = LinkedEntity(entity=entity, how="vector", score=relevance, mention=question)
+        return sorted(found.values(), key=lambda e: (-e.score, e.entity.type, e.entity.name, e.entity.id))
+
+    async def _by_meaning(self, collection: str, question: str) -> list[tuple[Entity, float]]:
+        companion = entities_collection(collection)
+        try:
+            hits = await self.knowledge.search(companion, question, k=self.settings.link_k, mode="dense")
+        except UnknownCollectionError:
+            return []  # no entity was ever written to the companion
+        relevance = {h.doc_id: h.relevance for h in hits if h.relevance is not None and h.relevance >= self.settings.min_link_relevance}
+        if not relevance:
+            return []
+        entities = await self.store.entities(collection, list(relevance))
+        return [(e, float(relevance[e.id])) for e in entities]
+
+    async def sources(self, collection: str, chunk_ids: Sequence[str]) -> dict[str, FactSource]:
+        """Chunk id → its `FactSource`, for the chunks the vector store has."""
+        by_doc: dict[str, set[str]] = {}
+        for chunk_id in chunk_ids:
+            by_doc.setdefault(chunk_id.rsplit("#", 1)[0], set()).add(chunk_id)
+        found: dict[str, FactSource] = {}
+        for doc_id in sorted(by_doc):
+            export = await self.knowledge.store.export_document(collection, doc_id)
+            if export is None:
+                continue
+            for chunk in export.chunks:
+                payload = chunk.payload
+                chunk_id = str(payload.get("chunk_id", ""))
+                if chunk_id in by_doc[doc_id]:
+                    found[chunk_id] = FactSource(
+                        chunk_id=chunk_id,
+                        doc_id=doc_id,
+                        text=str(payload.get("text", "")),
+                        title=export.entry.title,
+                        source=export.entry.source,
+                    )
+        return found
+
+    async def retrieve(self, collection: str, question: str, *, max_facts: int, hops: int, fanout: int) -> GraphRetrieval:
+        """Link, expand, rank; the best ``max_facts`` facts with their sources.
+
+        An expansion reads up to four times ``max_facts`` facts (at least 50), nearest
+        first, before ranking.
+        """
+        linked = await self.link(collection, question)
+        if not linked:
+            return GraphRetrieval(collection=collection, linked=(), facts=())
+        facts = await self.store.neighbors(
+            collection, [e.entity.id for e in linked], hops=hops, fanout=fanout, limit=max(50, 4 * max_facts)
+        )
+        chunk_ids = sorted({c for f in facts for c in f.chunk_ids})
+        sources = await self.sources(collection, chunk_ids)
+        ranked = rank_facts(facts, linked, question, {c: s.text for c, s in sources.items()})[:max_facts]
+        return GraphRetrieval(
+            collection=collection,
+            linked=tuple(linked),
+            facts=tuple(
+                RankedFact(fact=fact, score=score, sources=tuple(sources[c] for c in fact.chunk_ids if c in sources))
+                for fact, score in ranked
+            ),
+        )
