@@ -9,14 +9,17 @@ A *case* is one line of a ``.jsonl`` file::
 A *suite* is a directory ``eval/datasets/<suite>/`` holding ``suite.yaml`` (what the
 suite is: its name, the graph it drives, the corpus it needs and the collection that
 corpus goes into, a version) and ``cases.jsonl``. A suite is self-contained: it names
-its corpus, so ``eval run`` can ingest it into a scratch collection when missing.
+its corpus (one folder or file, or several), so ``eval run`` can ingest it into a
+scratch collection when missing; a ``graphrag`` suite also names the ontology and the
+curated facts (JSON Lines) its collection's knowledge graph is built from.
 
 Everything wrong with a file is reported at once, each problem as
 ``file:line: field: message`` (``cases.jsonl:17: expected_tools.0.args: Input should
 be a valid dictionary``), in one `DatasetError`.
 
 `Suite.hash` identifies what a run was measured on: a sha256 over the canonical
-bytes of the suite's description, its cases and its corpus files (sorted by path), so
+bytes of the suite's description, its cases, its corpus files (sorted by path) and its
+knowledge graph's ontology and facts files, so
 that two runs can be compared only when they saw the same questions over the same
 documents. It does not depend on the machine, the checkout path, key order or
 whitespace in the files, or line endings of text files.
@@ -35,10 +38,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
+from knowledge.errors import OntologyError
+from knowledge.ontology import load_ontology
+
 __all__ = [
     "DATASETS_DIR",
     "Case",
     "DatasetError",
+    "KnowledgeGraphConfig",
     "DatasetProblem",
     "ExpectedTool",
     "Suite",
@@ -112,6 +119,20 @@ class Case(BaseModel):
         return self
 
 
+class KnowledgeGraphConfig(BaseModel):
+    """``knowledge_graph`` in ``suite.yaml``: how the suite's collection gets its graph."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ontology: str = Field(min_length=1)
+    """The ontology file the collection's graph is bound to, relative to the suite's
+    directory (or absolute)."""
+    facts: str | None = Field(default=None, min_length=1)
+    """Curated facts (``switchyard graph import``'s JSON Lines: entities and relations,
+    each with the ``source`` document id) imported into the collection's graph after
+    its corpus is ingested. None: the graph is left empty (answers from chunks only)."""
+
+
 class SuiteConfig(BaseModel):
     """``suite.yaml``: what a suite is."""
 
@@ -119,13 +140,14 @@ class SuiteConfig(BaseModel):
 
     name: str = Field(min_length=1)
     """The suite's name (shown in reports)."""
-    graph: Literal["rag", "agent", "chat"]
+    graph: Literal["rag", "graphrag", "agent", "chat"]
     """The graph the cases run through."""
     description: str = ""
     """What the suite measures."""
-    corpus: str | None = None
-    """Documents the cases need: a file or directory, relative to the suite's directory
-    (or absolute). ``eval run`` ingests it into ``collection`` when that is missing."""
+    corpus: str | list[str] | None = None
+    """Documents the cases need: a file or directory, or a list of them, relative to the
+    suite's directory (or absolute). ``eval run`` ingests them into ``collection`` when
+    that does not hold them; ids as ``switchyard ingest`` gives them, per folder."""
     collection: str | None = None
     """The collection the cases ask (a case's own ``collection`` wins)."""
     version: int = Field(default=1, ge=1)
@@ -136,11 +158,31 @@ class SuiteConfig(BaseModel):
     to the backend's default limit makes a run many times longer and scores no better.
     None: the backend's default."""
 
+    knowledge_graph: KnowledgeGraphConfig | None = None
+    """The knowledge graph of the suite's collection (``graphrag`` suites): its ontology
+    and curated facts, imported by ``eval run`` after the corpus."""
+
+    @field_validator("corpus")
+    @classmethod
+    def _corpus_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and (not value or any(not item.strip() for item in value)):
+            raise ValueError("a corpus list names at least one path, none of them empty")
+        return value
+
     @model_validator(mode="after")
     def _corpus_needs_collection(self) -> SuiteConfig:
         if self.corpus is not None and self.collection is None:
             raise ValueError("a suite with a corpus names the collection it goes into")
+        if self.knowledge_graph is not None and self.corpus is None:
+            raise ValueError("knowledge_graph: a suite with a knowledge graph has a corpus (facts name its documents)")
         return self
+
+    @property
+    def corpus_paths(self) -> list[str]:
+        """``corpus`` as a list (empty when there is none)."""
+        if self.corpus is None:
+            return []
+        return [self.corpus] if isinstance(self.corpus, str) else list(self.corpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +219,18 @@ class Suite:
     """The suite's directory."""
     cases: tuple[Case, ...]
     corpus: Path | None
-    """The corpus resolved to a path, or None when the suite needs none."""
+    """The corpus resolved to a path (the first one, when the suite lists several), or
+    None when the suite needs none."""
     hash: str
     """sha256 (hex) of the suite's canonical bytes; see the module docstring."""
     corpus_files: tuple[Path, ...] = field(default=())
     """The corpus files the hash covers, sorted by their path inside the corpus."""
+    corpora: tuple[Path, ...] = field(default=())
+    """Every corpus path, resolved, in the order ``suite.yaml`` lists them."""
+    ontology: Path | None = None
+    """The knowledge graph's ontology file, resolved (``knowledge_graph.ontology``)."""
+    facts: Path | None = None
+    """The knowledge graph's curated facts file, resolved (``knowledge_graph.facts``)."""
 
     @property
     def name(self) -> str:
@@ -307,7 +356,12 @@ def _canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def _hash(config: SuiteConfig | None, cases: Sequence[Case], corpus: Sequence[tuple[str, Path]]) -> str:
+def _hash(
+    config: SuiteConfig | None,
+    cases: Sequence[Case],
+    corpus: Sequence[tuple[str, Path]],
+    graph_files: Sequence[tuple[str, Path]] = (),
+) -> str:
     # Each part is framed (a label, its length, its bytes), so moving bytes from one
     # part to the next cannot give the same digest.
     digest = hashlib.sha256()
@@ -319,8 +373,9 @@ def _hash(config: SuiteConfig | None, cases: Sequence[Case], corpus: Sequence[tu
 
     if config is not None:
         described = config.model_dump(mode="json")
-        if described.get("max_tokens") is None:  # added later: unset keeps older hashes
-            described.pop("max_tokens", None)
+        for key in ("max_tokens", "knowledge_graph"):  # added later: unset keeps older hashes
+            if described.get(key) is None:
+                described.pop(key, None)
         part(SUITE_FILE, _canonical_json(described))
     part(CASES_FILE, b"\n".join(_canonical_json(case.model_dump(mode="json")) for case in cases))
     for relative, path in corpus:
@@ -328,6 +383,8 @@ def _hash(config: SuiteConfig | None, cases: Sequence[Case], corpus: Sequence[tu
         if path.suffix.lower() in _TEXT_SUFFIXES:
             data = data.replace(b"\r\n", b"\n")
         part(f"corpus/{relative}", data)
+    for label, path in graph_files:
+        part(label, path.read_bytes().replace(b"\r\n", b"\n"))
     return digest.hexdigest()
 
 
@@ -390,18 +447,30 @@ def load_suite(name_or_path: str | Path, *, root: Path | None = None) -> Suite:
         cases, found = _parse_cases(cases_text, str(cases_file))
         problems += found
 
-    corpus: Path | None = None
+    corpora: list[Path] = []
     files: list[tuple[str, Path]] = []
-    if config is not None and config.corpus is not None:
-        corpus = (root or directory) / config.corpus
-        if not corpus.exists():
-            line = _key_lines(config_text or "").get("corpus")
-            problems.append(DatasetProblem(str(config_file), line, "corpus", f"no such file or directory: {corpus}"))
-        else:
-            files = _corpus_files(corpus)
-            if not files:
-                line = _key_lines(config_text or "").get("corpus")
-                problems.append(DatasetProblem(str(config_file), line, "corpus", f"no files in {corpus}"))
+    graph_files: list[tuple[str, Path]] = []
+    ontology: Path | None = None
+    facts: Path | None = None
+    if config is not None:
+        lines = _key_lines(config_text or "")
+        for number, relative in enumerate(config.corpus_paths):
+            path = (root or directory) / relative
+            corpora.append(path)
+            if not path.exists():
+                problems.append(DatasetProblem(str(config_file), lines.get("corpus"), "corpus", f"no such file or directory: {path}"))
+                continue
+            found = _corpus_files(path)
+            if not found:
+                problems.append(DatasetProblem(str(config_file), lines.get("corpus"), "corpus", f"no files in {path}"))
+            # The first corpus keeps the labels a one-corpus suite always had (its hash
+            # does not change); the others are numbered so equal paths cannot collide.
+            prefix = "" if number == 0 else f"{number}:"
+            files += [(prefix + name, file) for name, file in found]
+        if config.knowledge_graph is not None:
+            ontology, facts, found_problems = _graph_files(config.knowledge_graph, root or directory, str(config_file), lines)
+            problems += found_problems
+            graph_files = [("graph/ontology", ontology)] + ([("graph/facts", facts)] if facts is not None else [])
     if problems:
         raise DatasetError(problems)
     assert config is not None
@@ -409,7 +478,31 @@ def load_suite(name_or_path: str | Path, *, root: Path | None = None) -> Suite:
         config=config,
         directory=directory,
         cases=tuple(cases),
-        corpus=corpus,
-        hash=_hash(config, cases, files),
+        corpus=corpora[0] if corpora else None,
+        hash=_hash(config, cases, files, graph_files),
         corpus_files=tuple(path for _, path in files),
+        corpora=tuple(corpora),
+        ontology=ontology,
+        facts=facts,
     )
+
+
+def _graph_files(
+    graph: KnowledgeGraphConfig, base: Path, file: str, lines: dict[str, int]
+) -> tuple[Path, Path | None, list[DatasetProblem]]:
+    """The knowledge graph's ontology and facts files, resolved; problems: a file that
+    does not exist, an ontology that does not load (its error names the field)."""
+    line = lines.get("knowledge_graph")
+    problems = []
+    ontology = base / graph.ontology
+    if not ontology.is_file():
+        problems.append(DatasetProblem(file, line, "knowledge_graph.ontology", f"no such file: {ontology}"))
+    else:
+        try:
+            load_ontology(ontology)
+        except OntologyError as exc:
+            problems.append(DatasetProblem(file, line, "knowledge_graph.ontology", str(exc)))
+    facts = base / graph.facts if graph.facts is not None else None
+    if facts is not None and not facts.is_file():
+        problems.append(DatasetProblem(file, line, "knowledge_graph.facts", f"no such file: {facts}"))
+    return ontology, facts, problems
