@@ -7,7 +7,7 @@ from typing import Protocol
 
 from langchain_core.language_models import BaseChatModel
 
-from knowledge import KnowledgeBase
+from knowledge import KnowledgeBase, KnowledgeGraph
 from tools import ToolRegistry
 
 __all__ = ["ChatModelProvider", "GraphDeps"]
@@ -36,6 +36,9 @@ class GraphDeps:
     """Other aliases, for graphs that use more than one model."""
     knowledge: KnowledgeBase | None = None
     """The knowledge base (collections, search), for retrieval graphs."""
+    graph: KnowledgeGraph | None = None
+    """The knowledge graph (entity linking, k-hop facts with their chunks), for the
+    ``graphrag`` graph; None when the process has no graph store."""
     tools: ToolRegistry | None = None
     """The tools that exist, for tool-calling graphs."""
     tool_names: tuple[str, ...] = ()

@@ -14,7 +14,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
 
-__all__ = ["Citations", "Finish", "GraphEvent", "TextDelta", "ToolCallDelta", "ToolResult", "message_events"]
+__all__ = ["Citations", "Facts", "Finish", "GraphEvent", "TextDelta", "ToolCallDelta", "ToolResult", "message_events"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +56,15 @@ class Citations:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Facts:
+    """The knowledge-graph facts a graph gives the model (the ``graphrag`` graph's
+    ``facts`` state key), each with ``cited_as``: the numbers of the `Citations` sources
+    that state it; sent with the citations, before the answer."""
+
+    facts: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolResult:
     """What an executed (or refused) tool call returned to the model."""
 
@@ -66,7 +75,7 @@ class ToolResult:
     """``success``, or ``error`` for a refused, timed-out or failed call."""
 
 
-GraphEvent = TextDelta | ToolCallDelta | Finish | Citations | ToolResult
+GraphEvent = TextDelta | ToolCallDelta | Finish | Citations | Facts | ToolResult
 
 
 def _text(message: BaseMessage) -> str:
@@ -76,7 +85,8 @@ def _text(message: BaseMessage) -> str:
 
 async def message_events(parts: AsyncIterator[dict[str, Any]]) -> AsyncIterator[GraphEvent]:
     """Map a v2 ``messages`` (and ``updates``) stream to `GraphEvent` values, ending
-    with one `Finish`. A node update with ``sources`` (retrieval graphs) is `Citations`.
+    with one `Finish`. A node update with ``sources`` (retrieval graphs) is `Citations`;
+    one with ``facts`` (the ``graphrag`` graph) is `Facts`, after the citations.
 
     Only AI messages are answer text; tool results and echoed inputs are not. A node
     that returns a whole ``AIMessage`` without streaming still yields its text once.
@@ -89,6 +99,8 @@ async def message_events(parts: AsyncIterator[dict[str, Any]]) -> AsyncIterator[
             for update in (part["data"] or {}).values():
                 if isinstance(update, dict) and update.get("sources"):
                     yield Citations(sources=list(update["sources"]))
+                if isinstance(update, dict) and update.get("facts"):
+                    yield Facts(facts=list(update["facts"]))
             continue
         if part["type"] != "messages":
             continue

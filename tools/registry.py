@@ -11,7 +11,7 @@ from tools.policy import NetworkPolicy
 from tools.settings import ToolsSettings
 
 if TYPE_CHECKING:
-    from knowledge import KnowledgeBase
+    from knowledge import KnowledgeBase, KnowledgeGraph
 
 __all__ = ["ToolRegistry"]
 
@@ -23,9 +23,12 @@ class ToolRegistry:
         """Budgets and approvals the runs of this registry's tools get."""
 
     @classmethod
-    def builtin(cls, settings: ToolsSettings, knowledge: KnowledgeBase | None = None) -> ToolRegistry:
-        """The built-in tools (``knowledge_search`` when there is a knowledge base)."""
-        from tools.builtin import calculator, current_time, http_get, knowledge_search
+    def builtin(
+        cls, settings: ToolsSettings, knowledge: KnowledgeBase | None = None, graph: KnowledgeGraph | None = None
+    ) -> ToolRegistry:
+        """The built-in tools (``knowledge_search`` when there is a knowledge base,
+        ``graph_neighbors`` when there is a knowledge graph)."""
+        from tools.builtin import calculator, current_time, graph_neighbors, http_get, knowledge_search
 
         fetch = settings.http_get
         network = NetworkPolicy.from_config(fetch.allowed_networks, fetch.allowed_ports)
@@ -36,6 +39,8 @@ class ToolRegistry:
         ]
         if knowledge is not None:
             tools.append(knowledge_search(knowledge))
+        if graph is not None:
+            tools.append(graph_neighbors(graph))
         return cls(tools, settings)
 
     def get(self, name: str) -> Tool:

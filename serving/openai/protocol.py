@@ -159,6 +159,30 @@ class Citation(BaseModel):
     """Cosine similarity of the chunk to the question."""
 
 
+class FactOut(BaseModel):
+    """A knowledge-graph fact a retrieval graph gave the model (the ``graphrag`` graph):
+    ``subject RELATION object``, with the sources that state it."""
+
+    text: str
+    """The fact as the model read it: ``Separation Certificate (Document) ISSUED_BY
+    Labour Arbitration Office (Office)``."""
+    subject: str
+    relation: str
+    object: str
+    subject_type: str
+    object_type: str
+    hops: int
+    """Distance from the question's nearest linked entity (1: it touches one)."""
+    score: float
+    """The graph retrieval's ranking score (higher first)."""
+    doc_id: str | None
+    """The first document that states it."""
+    doc_ids: list[str]
+    chunk_ids: list[str]
+    cited_as: list[int]
+    """The ``index`` of each citation (source chunk) that states it: ``[n]`` in the answer."""
+
+
 class ToolResultOut(BaseModel):
     """What a tool call the graph executed (or refused) returned to the model."""
 
@@ -181,6 +205,9 @@ class ChatCompletion(BaseModel):
     citations: list[Citation] | None = None
     """Switchyard extension: the sources of a retrieval graph's answer, numbered as the
     answer cites them (absent for other graphs and aliases)."""
+    facts: list[FactOut] | None = None
+    """Switchyard extension: the knowledge-graph facts the answer was given (``graphrag``),
+    each naming the citations that state it (absent for other graphs and aliases)."""
     tool_results: list[ToolResultOut] | None = None
     """Switchyard extension: the results of the tools a graph executed, in order
     (absent when none ran). The model's calls are in ``message.tool_calls``."""
@@ -188,7 +215,7 @@ class ChatCompletion(BaseModel):
     @model_serializer(mode="wrap")
     def _drop_no_citations(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        for key in ("citations", "tool_results"):
+        for key in ("citations", "facts", "tool_results"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
@@ -228,6 +255,9 @@ class ChatCompletionChunk(BaseModel):
     citations: list[Citation] | None = None
     """Switchyard extension: a retrieval graph's sources, on one chunk (empty delta)
     sent before the answer's first token (omitted elsewhere)."""
+    facts: list[FactOut] | None = None
+    """Switchyard extension: the ``graphrag`` graph's facts, on one chunk (empty delta)
+    right after the citations' (omitted elsewhere)."""
     tool_results: list[ToolResultOut] | None = None
     """Switchyard extension: a tool result, on its own chunk (empty delta) right after
     the tool ran; the calls themselves stream as ``delta.tool_calls``."""
@@ -236,7 +266,7 @@ class ChatCompletionChunk(BaseModel):
     def _drop_empty_fields(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         null_usage = bool(info.context and info.context.get(NULL_USAGE))
-        for key in ("citations", "tool_results") if null_usage else ("usage", "citations", "tool_results"):
+        for key in ("citations", "facts", "tool_results") if null_usage else ("usage", "citations", "facts", "tool_results"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data

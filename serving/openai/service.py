@@ -38,6 +38,7 @@ from graphs import (
     ToolResult,
     message_events,
 )
+from graphs.events import Facts
 from serving._tasks import RunDeadlineError
 from serving.auth import Principal
 from serving.errors import RequestError, ServingError
@@ -58,6 +59,7 @@ from serving.openai.protocol import (
     EmbeddingList,
     EmbeddingRequest,
     EmbeddingUsage,
+    FactOut,
     MAX_EMBEDDING_INPUTS,
     ModelCard,
     ModelList,
@@ -149,7 +151,7 @@ class _ChunkEncoder:
 
     def extension(self, **fields: Any) -> str:
         """A chunk with an empty delta carrying Switchyard's extension fields
-        (``citations``, ``tool_results``)."""
+        (``citations``, ``facts``, ``tool_results``)."""
         chunk = ChatCompletionChunk(
             id=self.completion_id, created=self.created, model=self.model, choices=[ChunkChoice(delta=Delta())], **fields
         )
@@ -234,6 +236,11 @@ def _tool_result(event: ToolResult, guard: OutputGuard) -> ToolResultOut:
 def _citations(event: Citations, guard: OutputGuard) -> list[Citation]:
     """The sources as cited, their texts checked. Raises `OutputBlockedError`."""
     return [Citation(**c) for c in guard.check_value(event.sources)]
+
+
+def _facts(event: Facts, guard: OutputGuard) -> list[FactOut]:
+    """The facts as given to the model, their texts checked. Raises `OutputBlockedError`."""
+    return [FactOut.model_validate(f) for f in guard.check_value(event.facts)]
 
 
 def _flush_arguments(encoder: _ChunkEncoder, guard: OutputGuard, keys: list[Any]) -> Iterator[str]:
@@ -555,6 +562,8 @@ class ChatCompletionService:
             yield encoder.extension(tool_results=[_tool_result(event, guard)])
         elif isinstance(event, Citations):
             yield encoder.extension(citations=_citations(event, guard))
+        elif isinstance(event, Facts):
+            yield encoder.extension(facts=_facts(event, guard))
         elif isinstance(event, Finish):
             if rest := guard.flush(0):
                 yield encoder.content(rest)
@@ -634,11 +643,15 @@ class ChatCompletionService:
         citations: list[Citation] | None = None
         tool_results: list[ToolResultOut] = []
         sources: list[dict[str, Any]] | None = None
+        facts: list[FactOut] | None = None
+        found: list[dict[str, Any]] | None = None
         results: list[ToolResult] = []
         async with aclosing(self._run_events(request, messages, run)) as events:
             async for event in events:
                 if isinstance(event, Citations):
                     sources = event.sources
+                elif isinstance(event, Facts):
+                    found = event.facts
                 elif isinstance(event, ToolResult):
                     results.append(event)
                 elif isinstance(event, TextDelta):
@@ -660,9 +673,10 @@ class ChatCompletionService:
             for call in calls.values():
                 call["function"]["arguments"] = guard.check_value(call["function"]["arguments"])
             citations = _citations(Citations(sources=sources), guard) if sources is not None else None
+            facts = _facts(Facts(facts=found), guard) if found is not None else None
             tool_results = [_tool_result(result, guard) for result in results]
         except OutputBlockedError as exc:
-            content, reason, calls, citations, tool_results = str(exc), "content_filter", {}, None, []
+            content, reason, calls, citations, facts, tool_results = str(exc), "content_filter", {}, None, None, []
         message = ResponseMessage(content=content or None, tool_calls=[calls[i] for i in sorted(calls)] or None)
         return ChatCompletion(
             id=run.plan.run_id,
@@ -671,5 +685,6 @@ class ChatCompletionService:
             choices=[Choice(message=message, finish_reason=reason)],
             usage=_usage(finish.prompt_tokens, finish.completion_tokens),
             citations=citations,
+            facts=facts,
             tool_results=tool_results or None,
         )
