@@ -50,6 +50,7 @@ from knowledge.errors import GraphNotFoundError, KnowledgeError, UnknownCollecti
 from knowledge.extraction.curated import parse_curated
 from knowledge.extraction.extractor import ChunkExtraction, Extractor
 from knowledge.extraction.validate import INVALID_REASONS, DocumentGraphBuilder, EntityItem, Problem, resolve_ends
+from knowledge.graphstore.ladybug import LadybugStore
 from knowledge.graphstore.base import DocumentGraph, Entity, Fact, GraphStats, GraphStore, Relation
 from knowledge.knowledge_base import KnowledgeBase
 from knowledge.models import Document
@@ -681,17 +682,47 @@ class KnowledgeGraph:
 
     async def aclose(self) -> None:
         """Close the graph store (the knowledge base is the caller's)."""
+        if self.knowledge.on_removed == self.delete_document:
+            self.knowledge.on_removed = None
         await self.store.aclose()
+
+    def close_now(self) -> None:
+        """Release the store from synchronous code (a failed start-up)."""
+        closer = getattr(self.store, "close_now", None)
+        if closer is not None:
+            closer()
 
 
 def open_graph_store(settings: GraphSettings, data_dir: Path) -> GraphStore:
     """The configured graph store: Neo4j when ``neo4j_url`` is set, else LadybugDB in
-    ``path`` (default ``<data_dir>/graph``)."""
-    raise NotImplementedError("open_graph_store lands with LadybugStore (helper A)")
+    ``path`` (default ``<data_dir>/graph``).
+
+    Raises:
+        StoreLockedError: the embedded store's directory is in use by another process.
+    """
+    if settings.neo4j_url:
+        from knowledge.graphstore.neo4j import Neo4jStore  # the driver is imported only when configured
+
+        return Neo4jStore(
+            settings.neo4j_url,
+            user=settings.neo4j_user,
+            password=settings.neo4j_password,
+            database=settings.neo4j_database,
+            timeout_s=settings.timeout_s,
+        )
+    return LadybugStore(settings.path or data_dir / "graph", timeout_s=settings.timeout_s)
 
 
 def open_knowledge_graph(
     settings: KnowledgeSettings, data_dir: Path, knowledge: KnowledgeBase, gateway: ModelGateway | None = None
 ) -> KnowledgeGraph:
-    """Open the graph store and build the `KnowledgeGraph` over ``knowledge``."""
-    return KnowledgeGraph(open_graph_store(settings.graph, data_dir), knowledge, settings.graph, gateway)
+    """Open the graph store and build the `KnowledgeGraph` over ``knowledge``; the
+    knowledge base then tells it when a document is replaced or deleted
+    (`KnowledgeBase.on_removed`), so the facts only that document supported go.
+
+    Raises:
+        StoreLockedError: the embedded graph store is in use by another process.
+    """
+    graph = KnowledgeGraph(open_graph_store(settings.graph, data_dir), knowledge, settings.graph, gateway)
+    knowledge.on_removed = graph.delete_document
+    return graph
