@@ -43,7 +43,10 @@ from eval.run import CaseJudge
 from eval.runner import CaseOutput, CaseRequest
 from gateway import Backend, ModelGateway, UnknownModelError
 from graphs import GraphRegistry, OutputBlockedError, UnknownGraphError
-from knowledge import DocumentParseError, KnowledgeBase, KnowledgeError
+from knowledge import DocumentParseError, KnowledgeBase, KnowledgeError, KnowledgeGraph, entities_collection, open_graph_store
+from knowledge.knowledge_graph import GraphReport
+from knowledge.ontology import load_ontology
+
 from knowledge.ingestion.loaders import discover, load_file
 from knowledge.knowledge_base import build_embedder
 from knowledge.models import Document, IngestReport
@@ -134,12 +137,13 @@ def sla_for(platform: Platform, model: str, *, graph: str | None = None) -> Late
 
 
 def corpus_documents(suite: Suite) -> list[Document | DocumentParseError]:
-    """The suite's corpus as ingestion reads it (ids as ``switchyard ingest`` gives
-    them: a directory's files by their path inside it, a file by its name)."""
+    """The suite's corpus (every folder or file it lists) as ingestion reads it (ids as
+    ``switchyard ingest`` gives them: a directory's files by their path inside it, a
+    file by its name)."""
     if suite.corpus is None:
         return []
     items: list[Document | DocumentParseError] = []
-    for found in discover([suite.corpus]):
+    for found in discover(list(suite.corpora or (suite.corpus,))):
         if isinstance(found, DocumentParseError):
             items.append(found)
             continue
@@ -179,6 +183,8 @@ class _EvalKnowledge:
         self._platform = platform
         self._user = user_collections
         self._kb: KnowledgeBase | None = None
+        self._graph: KnowledgeGraph | None = None
+        self._own_graph = False
         self._own_store = False
         self._own_embedder = False
         self.shared = False
@@ -224,6 +230,33 @@ class _EvalKnowledge:
         self._kb = KnowledgeBase(store, embedder, settings.knowledge)
         return self._kb
 
+    def graph(self) -> KnowledgeGraph:
+        """The knowledge graph over `get`'s knowledge base: the platform's when the eval
+        uses the platform's knowledge base (the user's collections, a Qdrant server),
+        else one of the eval's own (see the module docstring), opened on first use.
+
+        Raises:
+            KnowledgeError: the eval uses the platform's knowledge base and this
+                process has no knowledge graph open.
+        """
+        if self._graph is not None:
+            return self._graph
+        kb = self.get()
+        if kb is self._platform.knowledge:
+            shared: KnowledgeGraph | None = getattr(self._platform, "graph", None)
+            if shared is None:
+                raise KnowledgeError("this eval needs a knowledge graph, and this process has none open (knowledge.graph)")
+            self._graph = shared
+            return shared
+        settings = self._platform.settings
+        graph_settings = settings.knowledge.graph
+        # The eval's own directory, whatever knowledge.graph.path says (the user's graph
+        # is never written by an eval); a Neo4j server holds scratch graphs by name.
+        store = open_graph_store(graph_settings.model_copy(update={"path": settings.eval_runs_dir / "graph"}), settings.eval_runs_dir)
+        self._graph = KnowledgeGraph(store, kb, graph_settings, self._platform.gateway)
+        self._own_graph = True
+        return self._graph
+
     @property
     def user_collections(self) -> bool:
         return self._user
@@ -233,6 +266,8 @@ class _EvalKnowledge:
         return None if self._kb is None else str(getattr(self._kb.store, "location", ""))
 
     async def aclose(self) -> None:
+        if self._graph is not None and self._own_graph:
+            await self._graph.aclose()
         if self._kb is None:
             return
         if self._own_store:
@@ -272,6 +307,8 @@ class ServingCaseRunner:
         self.ingests: list[IngestReport] = []
         """The ingestions `ensure_corpus` made (none when the collection already held
         the corpus)."""
+        self.graph_imports: list[GraphReport] = []
+        """The knowledge graph imports `ensure_corpus` made (``graphrag`` suites)."""
 
     @property
     def model(self) -> str:
@@ -299,10 +336,15 @@ class ServingCaseRunner:
         if graph_id not in specs:
             raise UnknownGraphError(graph_id, list(specs))
         spec = specs[graph_id].model_copy(update={"model": self.alias})
-        # The chat graph needs no knowledge base: do not load the embedder for it.
+        # The chat graph needs no knowledge base: do not load the embedder for it; only
+        # graphrag (and an agent given graph_neighbors) need the knowledge graph.
         knowledge = self.knowledge.get() if graph_id != "chat" else None
-        tools = ToolRegistry.builtin(self._platform.settings.tools, knowledge)
-        built = self._graphs[graph_id] = GraphRegistry.load({graph_id: spec}, self.gateway, knowledge=knowledge, tools=tools)
+        needs_graph = graph_id == "graphrag" or "graph_neighbors" in spec.tools
+        graph = self.knowledge.graph() if knowledge is not None and needs_graph else None
+        tools = ToolRegistry.builtin(self._platform.settings.tools, knowledge, graph=graph)
+        built = self._graphs[graph_id] = GraphRegistry.load(
+            {graph_id: spec}, self.gateway, knowledge=knowledge, tools=tools, graph=graph
+        )
         return built
 
     async def ensure_corpus(self, suite: Suite, collection: str) -> None:
@@ -340,6 +382,7 @@ class ServingCaseRunner:
             stored[i].version == d.hash and stored[i].source == d.source for i, d in wanted.items()
         ):
             log.info("collection %r already holds the %d documents of suite %s", collection, len(wanted), suite.name)
+            await self._ensure_graph(suite, collection)
             return
         report = await kb.ingest(collection, documents, delete_missing=True, tenant=owner)
         if report.failed:
@@ -351,6 +394,47 @@ class ServingCaseRunner:
         log.info(
             "collection %r: %d added, %d updated, %d deleted for suite %s (%s)",
             collection, report.added, report.updated, report.deleted, suite.name, self.knowledge.location,
+        )
+        await self._ensure_graph(suite, collection)
+
+    async def _ensure_graph(self, suite: Suite, collection: str) -> None:
+        """Rebuild ``collection``'s knowledge graph from ``suite``'s ontology and curated
+        facts (nothing for a suite without ``knowledge_graph``).
+
+        The graph is dropped and imported again on every run: a few dozen facts cost
+        well under a second, and an edited facts file can never leave stale facts
+        behind. Entity points the new graph no longer has are removed from the
+        collection's entity companion.
+
+        Raises:
+            KnowledgeError: the ontology does not load, or a fact line is invalid (the
+                suite's facts must all import: a dropped line would measure a
+                different graph than the suite says).
+        """
+        if suite.ontology is None:
+            return
+        graph = self.knowledge.graph()
+        ontology = await asyncio.to_thread(load_ontology, suite.ontology)
+        await graph.store.drop(collection)
+        if suite.facts is None:
+            await graph.bind(collection, ontology)
+            return
+        lines = (await asyncio.to_thread(suite.facts.read_text, encoding="utf-8")).splitlines()
+        report = await graph.import_facts(collection, lines, ontology=ontology, source=str(suite.facts))
+        if report.invalid:
+            detail = "; ".join(f"{p['where']}: {p['reason']} ({p['detail']})" for p in report.problems[:5])
+            raise KnowledgeError(f"suite {suite.name!r}: {suite.facts}: invalid facts {report.invalid}: {detail}")
+        companion = entities_collection(collection)
+        store = self.knowledge.get().store
+        if await store.has_collection(companion):
+            points = list(await store.documents(companion))
+            alive = {e.id for e in await graph.store.entities(collection, points)}
+            for stale in (p for p in points if p not in alive):
+                await store.delete_document(companion, stale)
+        self.graph_imports.append(report)
+        log.info(
+            "collection %r: knowledge graph of suite %s: %d entities, %d relations",
+            collection, suite.name, sum(report.entities.values()), sum(report.relations.values()),
         )
 
     async def run_case(self, request: CaseRequest) -> CaseOutput:
@@ -490,6 +574,10 @@ class _Capture:
             # What the answer's [n] cite: sources numbered from 1.
             ordered = sorted((s for s in sources if isinstance(s, dict)), key=lambda s: int(s.get("index", 0)))
             self.contexts = [str(s.get("text", "")) for s in ordered]
+            if "facts" in update:
+                # The graphrag graph merges two retrievers (graph facts' chunks and searched
+                # chunks) into its sources: those, in order, are its retrieval.
+                self.retrieved_ids = [str(s.get("doc_id")) for s in ordered]
         messages = update.get("messages")
         if isinstance(messages, list):
             for message in messages:
