@@ -32,6 +32,7 @@ from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from knowledge import KnowledgeBase
+from knowledge.knowledge_graph import KnowledgeGraph
 from tools import ToolRegistry
 from graphs.deps import ChatModelProvider, GraphDeps
 from graphs.errors import GraphLoadError, UnknownGraphError
@@ -143,6 +144,7 @@ class GraphRegistry:
         *,
         knowledge: KnowledgeBase | None = None,
         tools: ToolRegistry | None = None,
+        graph: KnowledgeGraph | None = None,
     ) -> GraphRegistry:
         """Import, build and compile each configured graph.
 
@@ -151,6 +153,7 @@ class GraphRegistry:
             models: the provider of chat models by alias (the gateway).
             knowledge: the knowledge base, for retrieval graphs.
             tools: the tool registry, for tool-calling graphs.
+            graph: the knowledge graph, for GraphRAG graphs.
 
         Raises:
             GraphLoadError: naming the first graph that failed and why (bad id, unknown
@@ -165,7 +168,13 @@ class GraphRegistry:
             except Exception as exc:  # the gateway's UnknownModelError, reported per graph
                 raise GraphLoadError(graph_id, spec.path, f"model: {exc}") from exc
             deps = GraphDeps(
-                graph_id=graph_id, model=model, models=models, knowledge=knowledge, tools=tools, tool_names=tuple(spec.tools)
+                graph_id=graph_id,
+                model=model,
+                models=models,
+                knowledge=knowledge,
+                graph=graph,
+                tools=tools,
+                tool_names=tuple(spec.tools),
             )
             graph = _compile(graph_id, spec, load_target(graph_id, spec.path), deps)
             loaded[graph_id] = RegisteredGraph(graph_id=graph_id, spec=spec, graph=graph)

@@ -34,6 +34,9 @@ from graphs.cli import ask, graphs_app
 from knowledge import KnowledgeBase, KnowledgeError, StoreLockedError, open_knowledge
 from knowledge.knowledge_base import legacy_store_path
 from knowledge.cli import ingest, knowledge_app, search
+from knowledge.graph_cli import graph_app, ontology_app
+from knowledge.knowledge_graph import KnowledgeGraph, open_knowledge_graph
+from knowledge.settings import KnowledgeSettings
 from tools import ToolError, ToolRegistry
 from serving.app import cors_refusal_headers, create_app
 from serving.audit import load_key, parse_anchor, verify
@@ -88,8 +91,16 @@ class CliEnv:
         try:
             knowledge = open_knowledge(settings.knowledge, settings.data_dir, gateway)
             try:
+                # The graph is opened with it so that a document replaced or deleted
+                # here takes its graph facts along (`KnowledgeBase.on_removed`).
+                graph = open_knowledge_graph(settings.knowledge, settings.data_dir, knowledge, gateway)
+            except BaseException:
+                await knowledge.aclose()
+                raise
+            try:
                 yield knowledge
             finally:
+                await graph.aclose()
                 await knowledge.aclose()
         finally:
             if gateway is not None:
@@ -97,6 +108,60 @@ class CliEnv:
 
     def legacy_store_path(self) -> Path:
         return legacy_store_path(self.settings.knowledge, self.settings.data_dir)
+
+    def knowledge_settings(self) -> KnowledgeSettings:
+        return self.settings.knowledge
+
+    @asynccontextmanager
+    async def open_knowledge_graph(self, *, extraction: bool = True) -> AsyncIterator[KnowledgeGraph | str]:
+        """The knowledge base and its graph, opened here with the model gateway (aliases
+        as promoted); with ``extraction``, the managed local backend of the extraction
+        alias is started if it is not running, and stopped on exit. When a server holds
+        the stores: its URL."""
+        settings = self.settings
+        registry = PromotionStore(promotions_path(settings.data_dir)).apply(load_registry(settings.gateway.models_file))
+        gateway = ModelGateway(registry, probe_timeout_s=settings.gateway.probe_timeout_s)
+        started: list[Backend] = []
+        try:
+            opened: KnowledgeGraph | None = None
+            try:
+                knowledge = await asyncio.to_thread(open_knowledge, settings.knowledge, settings.data_dir, gateway)
+                try:
+                    opened = await asyncio.to_thread(open_knowledge_graph, settings.knowledge, settings.data_dir, knowledge, gateway)
+                except BaseException:
+                    await knowledge.aclose()
+                    raise
+            except StoreLockedError as exc:
+                locked = exc
+            if opened is None:
+                url = self.server_url()
+                if url is None:
+                    raise KnowledgeError(
+                        f"{locked}; no Switchyard server is registered for this data directory to go through: stop the "
+                        "process that holds it, or start `switchyard serve`"
+                    )
+                yield url
+                return
+            try:
+                if extraction:
+                    alias = settings.knowledge.graph.extraction.alias
+                    for backend in registry.candidates(alias):
+                        if isinstance(backend.launch, LocalLaunch):
+                            status = await asyncio.to_thread(
+                                start_backend, backend, settings.data_dir, llama_server=settings.gateway.llama_server
+                            )
+                            typer.echo(status.describe(), err=True)
+                            if status.started_here:
+                                started.append(backend)
+                yield opened
+            finally:
+                await opened.aclose()
+                await knowledge.aclose()
+        finally:
+            await gateway.aclose()
+            for backend in started:
+                typer.echo(f"stopping local backend {backend.id}", err=True)
+                await asyncio.to_thread(stop_backend, backend, settings.data_dir)
 
     def server_url(self) -> str | None:
         """The server registered in ``<data_dir>/run/server.json``, if it is alive."""
@@ -423,6 +488,8 @@ app.add_typer(graphs_app, name="graphs")
 app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
 app.add_typer(knowledge_app, name="knowledge")
+app.add_typer(ontology_app, name="ontology")
+app.add_typer(graph_app, name="graph")
 app.command("ask")(ask)
 app.command("ingest")(ingest)
 app.command("search")(search)
