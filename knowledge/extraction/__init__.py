@@ -3,7 +3,7 @@ facts, checked against the collection's ontology and resolved into entities with
 stable ids."""
 
 from knowledge.extraction.curated import CuratedEntity, CuratedFacts, CuratedRelation, parse_curated
-from knowledge.extraction.extractor import ChunkExtraction, Extractor, extraction_messages, parse_answer
+from knowledge.extraction.extractor import ChunkExtraction, Extractor, extraction_messages, extraction_schema, parse_answer
 from knowledge.extraction.validate import (
     INVALID_REASONS,
     DocumentGraphBuilder,
@@ -31,6 +31,7 @@ __all__ = [
     "check_entity",
     "check_relation",
     "extraction_messages",
+    "extraction_schema",
     "parse_answer",
     "parse_curated",
     "resolve_ends",
