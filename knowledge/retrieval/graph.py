@@ -27,8 +27,10 @@ and attach each fact's source chunks.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -63,7 +65,10 @@ MAX_QUESTION_WORDS: Final = 200
 EXACT_SCORE: Final = 1.0
 ALIAS_SCORE: Final = 0.9
 
-_WEIGHTS: Final = {"link": 0.45, "hops": 0.30, "relation": 0.10, "terms": 0.15}
+_WEIGHTS: Final = {"path": 0.45, "hops": 0.20, "relation": 0.10, "terms": 0.10, "relevance": 0.15}
+
+SIBLING_FACTOR: Final = 0.6
+"""What a fact that runs alongside the path keeps of its score (see `rank_facts`)."""
 
 # Words that carry no content in a question; they would make every chunk "match".
 _STOP_WORDS: Final = frozenset(
@@ -193,29 +198,111 @@ def _relation_mentioned(relation: str, question_stems: set[str]) -> bool:
     return any(p[:5] in question_stems for p in parts)
 
 
+def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=False))
+    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norm if norm else 0.0
+
+
+def _distances(facts: Sequence[Fact], seeds: Iterable[str]) -> dict[str, int]:
+    """Entity id → hops from the nearest seed, over ``facts`` (breadth first)."""
+    adjacent: dict[str, set[str]] = {}
+    for fact in facts:
+        adjacent.setdefault(fact.source.id, set()).add(fact.target.id)
+        adjacent.setdefault(fact.target.id, set()).add(fact.source.id)
+    distance = dict.fromkeys(seeds, 0)
+    frontier = list(distance)
+    while frontier:
+        following = []
+        for entity in frontier:
+            for other in sorted(adjacent.get(entity, ())):
+                if other not in distance:
+                    distance[other] = distance[entity] + 1
+                    following.append(other)
+        frontier = following
+    return distance
+
+
 def rank_facts(
     facts: Sequence[Fact],
     linked: Sequence[LinkedEntity],
     question: str,
     chunk_texts: Mapping[str, str],
+    chunk_relevance: Mapping[str, float] | None = None,
 ) -> list[tuple[Fact, float]]:
-    """``facts`` with their scores, best first (see the module docstring; ties keep
-    the order of ``facts``).
+    """``facts`` with their scores, best first (ties keep the order of ``facts``).
+
+    A fact's score is ``(0.45 * path + 0.20 / hops + 0.10 * relation + 0.10 * terms
+    + 0.15 * relevance) * sibling``:
+
+    - ``path``: how strongly the question reaches the fact. For a fact touching a
+      linked entity, that entity's link score; further out, the path score of the
+      facts that lead to its nearer end (the bridge), divided by the square root of
+      the bridge's degree among the facts found: a hub (a card every procedure
+      requires) passes little on to each of its many relations, a document only
+      two procedures mention passes on more.
+    - ``hops``: 1 for a fact touching a linked entity, 1/2 one further, ...
+    - ``relation``: 1 when a word of the relation type (``ISSUED_BY`` → "issued")
+      appears in the question (by its first five letters).
+    - ``terms``: the share of the question's content words found in the fact's
+      chunks or its ends' names.
+    - ``relevance``: the best cosine similarity of the question to one of the fact's
+      chunks (0 when not given).
+    - ``sibling``: 0.6 for a fact that only runs alongside the path that reached it
+      (it enters or leaves the bridge with the same relation type, in the same
+      direction, as a nearer fact does: "another procedure that also requires this
+      card"), else 1. A fact that continues the path (the card is issued by an
+      office) keeps its score.
 
     Args:
         facts: the expansion's facts, in the store's order.
-        linked: the linked entities (their scores weigh the facts that touch them).
+        linked: the linked entities (the seeds, with their link scores).
         question: the question.
         chunk_texts: chunk id → text, for the facts' chunks (missing ones count as empty).
+        chunk_relevance: chunk id → cosine similarity to the question.
     """
+    relevance_of = chunk_relevance or {}
     link_scores: dict[str, float] = {}
     for item in linked:
         link_scores[item.entity.id] = max(link_scores.get(item.entity.id, 0.0), item.score)
+    distance = _distances(facts, link_scores)
+    degree: Counter[str] = Counter()
+    for fact in facts:
+        degree[fact.source.id] += 1
+        degree[fact.target.id] += 1
+
+    def near_end(fact: Fact) -> tuple[str, str]:
+        """(the nearer end, which side of the fact it is)."""
+        s, t = distance.get(fact.source.id, 1 << 30), distance.get(fact.target.id, 1 << 30)
+        return (fact.source.id, "out") if s <= t else (fact.target.id, "in")
+
+    # Path scores, nearest facts first: an entity's reach is the best path into it.
+    reach = dict(link_scores)
+    path: dict[int, float] = {}
+    arrivals: dict[str, set[tuple[str, str]]] = {}
+    order = sorted(range(len(facts)), key=lambda i: min(distance.get(facts[i].source.id, 1 << 30), distance.get(facts[i].target.id, 1 << 30)))
+    for index in order:
+        fact = facts[index]
+        near, side = near_end(fact)
+        near_distance = distance.get(near, 1 << 30)
+        if near_distance == 0:
+            # Touches a seed (or two: the better link counts).
+            score = max(reach.get(e, 0.0) for e in (fact.source.id, fact.target.id) if distance.get(e) == 0)
+        else:
+            score = reach.get(near, 0.0) / math.sqrt(max(degree[near], 1))
+        path[index] = score
+        far = fact.target.id if side == "out" else fact.source.id
+        if distance.get(far, 1 << 30) > near_distance:
+            reach[far] = max(reach.get(far, 0.0), score)
+            # How the path arrived at ``far``: this relation type, from this side.
+            arrivals.setdefault(far, set()).add((fact.relation, "in" if side == "out" else "out"))
+
     question_words = _content_words(question)
     question_stems = _stems(question_words)
     scored: list[tuple[float, int, Fact]] = []
     for position, fact in enumerate(facts):
-        link = max(link_scores.get(fact.source.id, 0.0), link_scores.get(fact.target.id, 0.0))
+        near, side = near_end(fact)
+        sibling = distance.get(near, 1 << 30) > 0 and (fact.relation, side) in arrivals.get(near, set())
         relation = 1.0 if _relation_mentioned(fact.relation, question_stems) else 0.0
         if question_words:
             seen = " ".join(
@@ -226,12 +313,14 @@ def rank_facts(
             terms = sum(1 for w in question_words if w[:5] in seen_stems) / len(question_words)
         else:
             terms = 0.0
+        relevance = max((relevance_of.get(c, 0.0) for c in fact.chunk_ids), default=0.0)
         score = (
-            _WEIGHTS["link"] * link
+            _WEIGHTS["path"] * path.get(position, 0.0)
             + _WEIGHTS["hops"] / max(fact.hops, 1)
             + _WEIGHTS["relation"] * relation
             + _WEIGHTS["terms"] * terms
-        )
+            + _WEIGHTS["relevance"] * max(relevance, 0.0)
+        ) * (SIBLING_FACTOR if sibling else 1.0)
         scored.append((score, position, fact))
     scored.sort(key=lambda row: (-row[0], row[1]))
     return [(fact, score) for score, _, fact in scored]
@@ -282,10 +371,18 @@ class GraphRetriever:
 
     async def sources(self, collection: str, chunk_ids: Sequence[str]) -> dict[str, FactSource]:
         """Chunk id → its `FactSource`, for the chunks the vector store has."""
+        found, _ = await self._read_chunks(collection, chunk_ids)
+        return found
+
+    async def _read_chunks(
+        self, collection: str, chunk_ids: Sequence[str]
+    ) -> tuple[dict[str, FactSource], dict[str, Sequence[float]]]:
+        """The chunks' sources and dense vectors, one export per document."""
         by_doc: dict[str, set[str]] = {}
         for chunk_id in chunk_ids:
             by_doc.setdefault(chunk_id.rsplit("#", 1)[0], set()).add(chunk_id)
         found: dict[str, FactSource] = {}
+        vectors: dict[str, Sequence[float]] = {}
         for doc_id in sorted(by_doc):
             export = await self.knowledge.store.export_document(collection, doc_id)
             if export is None:
@@ -301,7 +398,8 @@ class GraphRetriever:
                         title=export.entry.title,
                         source=export.entry.source,
                     )
-        return found
+                    vectors[chunk_id] = chunk.dense
+        return found, vectors
 
     async def retrieve(self, collection: str, question: str, *, max_facts: int, hops: int, fanout: int) -> GraphRetrieval:
         """Link, expand, rank; the best ``max_facts`` facts with their sources.
@@ -316,8 +414,10 @@ class GraphRetriever:
             collection, [e.entity.id for e in linked], hops=hops, fanout=fanout, limit=max(50, 4 * max_facts)
         )
         chunk_ids = sorted({c for f in facts for c in f.chunk_ids})
-        sources = await self.sources(collection, chunk_ids)
-        ranked = rank_facts(facts, linked, question, {c: s.text for c, s in sources.items()})[:max_facts]
+        sources, vectors = await self._read_chunks(collection, chunk_ids)
+        query = await self.knowledge.embedder.embed_query(question)
+        relevance = {c: _cosine(query, v) for c, v in vectors.items()}
+        ranked = rank_facts(facts, linked, question, {c: s.text for c, s in sources.items()}, relevance)[:max_facts]
         return GraphRetrieval(
             collection=collection,
             linked=tuple(linked),
