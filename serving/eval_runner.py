@@ -243,7 +243,7 @@ class _EvalKnowledge:
             return self._graph
         kb = self.get()
         if kb is self._platform.knowledge:
-            shared: KnowledgeGraph | None = getattr(self._platform, "graph", None)
+            shared = self._platform.graph
             if shared is None:
                 raise KnowledgeError("this eval needs a knowledge graph, and this process has none open (knowledge.graph)")
             self._graph = shared
@@ -342,9 +342,9 @@ class ServingCaseRunner:
         needs_graph = graph_id == "graphrag" or "graph_neighbors" in spec.tools
         graph = self.knowledge.graph() if knowledge is not None and needs_graph else None
         tools = ToolRegistry.builtin(self._platform.settings.tools, knowledge, graph=graph)
-        # Only graphs that use it get the knowledge graph (GraphRegistry.load's ``graph``).
-        extra: dict[str, Any] = {"graph": graph} if graph is not None else {}
-        built = self._graphs[graph_id] = GraphRegistry.load({graph_id: spec}, self.gateway, knowledge=knowledge, tools=tools, **extra)
+        built = self._graphs[graph_id] = GraphRegistry.load(
+            {graph_id: spec}, self.gateway, knowledge=knowledge, tools=tools, graph=graph
+        )
         return built
 
     async def ensure_corpus(self, suite: Suite, collection: str) -> None:
