@@ -160,6 +160,9 @@ def test_ingest_graph_extracts_with_the_local_model(workspace: tuple[Path, Path]
     stats = json.loads(_run(config, "graph", "stats", "--collection", "city", "--json").stdout)
     assert set(stats["entities"]) <= {"Office", "Document", "Procedure", "Organisation"}
     assert set(stats["relations"]) <= {"ISSUED_BY", "REQUIRES", "HANDLED_BY", "ISSUED_INSTEAD_BY"}
-    again = _run(config, "ingest", str(docs), "--collection", "city", "--graph", "--json", timeout=900)
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["graph"]["documents"] == 0  # nothing changed: nothing extracted again
+    if graph["failed_chunks"] == 0:
+        # Nothing changed: nothing is extracted again (a document with a failed chunk
+        # would be tried again, and a busy machine can time a chunk out).
+        again = _run(config, "ingest", str(docs), "--collection", "city", "--graph", "--json", timeout=900)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["graph"]["documents"] == 0
