@@ -21,8 +21,9 @@ What a collection's graph holds and where it comes from:
   for a relation, chunks with both ends' names, else either, else the first chunk).
   An import **adds** to what the document already has in the graph: the document's
   graph becomes the union of its stored facts (extracted or imported before) and the
-  imported ones. A later extraction of the document (a new version, or ``force``)
-  replaces its graph, curated facts included: import them again after it.
+  imported ones, recorded as of the document's current version: an extraction skips
+  the document from then on; a forced one, or a new version of the document,
+  replaces its graph, curated facts included (import them again after it).
 - **Documents change**: a document replaced or deleted in the knowledge base loses
   its facts (`KnowledgeGraph.delete_document`, called by the knowledge base's hook);
   facts other documents also state stay.
@@ -398,7 +399,6 @@ class KnowledgeGraph:
                 progress(done, total)
             return result
 
-        touched: set[str] = set()
         for entry in todo:
             chunks = await self._chunks(collection, entry.doc_id)
             if chunks is None:
@@ -424,7 +424,6 @@ class KnowledgeGraph:
                 graph = builder.build()
                 await self.store.write_document(collection, graph)
                 tally.written(graph)
-                touched.update(e.id for e in graph.entities)
                 await self._update_companion(collection, [e.id for e in graph.entities])
         if tally.documents:
             async with self._lock(collection):
@@ -565,8 +564,6 @@ class KnowledgeGraph:
                 tally.problem(ends)
             else:
                 resolved.append((relation, *ends))
-        graph_docs = await self.store.documents(collection)
-        touched: list[str] = []
         for doc_id in sorted({e.source for e in entities} | {r.source for r, _, _ in resolved}):
             chunks = await self._chunks(collection, doc_id)
             if chunks is None or not chunks:
@@ -578,9 +575,9 @@ class KnowledgeGraph:
             first = [chunk_ids[0]]
             async with self._lock(collection):
                 old_entities, old_mentions, old_relations = await self._document_graph(collection, doc_id, chunk_ids)
-                # Keep the graph's record of the document (its extraction state) if it
-                # has one; else the facts are of the document's current version.
-                version = graph_docs.get(doc_id) or stored_docs[doc_id].version
+                # The facts are of the document's current version: an extraction
+                # skips it from now on unless forced (which would replace them).
+                version = stored_docs[doc_id].version
                 builder = DocumentGraphBuilder(
                     doc_id=doc_id, content_hash=version, chunk_ids=chunk_ids, stored=[*stored, *old_entities]
                 )
@@ -601,8 +598,9 @@ class KnowledgeGraph:
                 graph = builder.build()
                 await self.store.write_document(collection, graph)
                 tally.written(graph)
-                touched.extend(e.id for e in graph.entities)
                 await self._update_companion(collection, [e.id for e in graph.entities])
+        # In file order, whichever step found them.
+        tally.problems.sort(key=lambda p: int(p.where.removeprefix("line ")) if p.where.startswith("line ") else 0)
         report = tally.report(collection, ontology, started)
         log.info(
             "graph import %s from %s: %d lines, %d documents, %d entities, %d relations, invalid %s",
