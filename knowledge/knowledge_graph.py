@@ -400,9 +400,10 @@ class KnowledgeGraph:
             return result
 
         for entry in todo:
-            chunks = await self._chunks(collection, entry.doc_id)
-            if chunks is None:
+            read = await self._chunks(collection, entry.doc_id)
+            if read is None:
                 continue  # deleted meanwhile
+            live, chunks = read
             results = await asyncio.gather(*(one(c) for c in chunks))
             tally.chunks += len(results)
             failed = sum(1 for r in results if r.failed)
@@ -410,8 +411,14 @@ class KnowledgeGraph:
             for result in results:
                 for problem in result.problems:
                     tally.problem(problem)
-            version = entry.version if not failed else PARTIAL_PREFIX + entry.version
+            version = live if not failed else PARTIAL_PREFIX + live
             async with self._lock(collection):
+                current = await self.knowledge.store.document(collection, entry.doc_id)
+                if current is None or current.version != live:
+                    # Replaced or deleted while the model read it (the knowledge base
+                    # already removed its facts): these would be stale.
+                    log.info("graph extraction %s: %s changed while it was extracted; not written", collection, entry.doc_id)
+                    continue
                 names = [n for r in results for e in r.entities for n in (e.name, *e.aliases)]
                 stored = await self._stored_entities(collection, names)
                 builder = DocumentGraphBuilder(
@@ -436,13 +443,13 @@ class KnowledgeGraph:
         )
         return report
 
-    async def _chunks(self, collection: str, doc_id: str) -> list[_Chunk] | None:
-        """The document's live chunks in order, or None if it is gone."""
+    async def _chunks(self, collection: str, doc_id: str) -> tuple[str, list[_Chunk]] | None:
+        """The document's live version and its chunks in order, or None if it is gone."""
         export = await self.knowledge.store.export_document(collection, doc_id)
         if export is None:
             return None
         rows = sorted(export.chunks, key=lambda c: int(c.payload.get("index", 0)))
-        return [
+        return export.entry.version, [
             _Chunk(chunk_id=str(c.payload["chunk_id"]), text=str(c.payload.get("text", "")),
                    folded=str(c.payload.get("text", "")).casefold())
             for c in rows
@@ -565,19 +572,21 @@ class KnowledgeGraph:
             else:
                 resolved.append((relation, *ends))
         for doc_id in sorted({e.source for e in entities} | {r.source for r, _, _ in resolved}):
-            chunks = await self._chunks(collection, doc_id)
-            if chunks is None or not chunks:
-                for e in entities:
-                    if e.source == doc_id:
-                        tally.problem(Problem(where=e.item.where, reason="unknown_document", detail=f"document {doc_id!r} is gone"))
-                continue
-            chunk_ids = [c.chunk_id for c in chunks]
-            first = [chunk_ids[0]]
             async with self._lock(collection):
-                old_entities, old_mentions, old_relations = await self._document_graph(collection, doc_id, chunk_ids)
+                # Read under the lock: a document replaced or deleted from here on
+                # has its facts removed after this write, by the knowledge base's hook.
+                read = await self._chunks(collection, doc_id)
+                if read is None or not read[1]:
+                    gone = (*(e.item for e in entities if e.source == doc_id), *(r.item for r, _, _ in resolved if r.source == doc_id))
+                    for item in gone:
+                        tally.problem(Problem(where=item.where, reason="unknown_document", detail=f"document {doc_id!r} is gone"))
+                    continue
                 # The facts are of the document's current version: an extraction
                 # skips it from now on unless forced (which would replace them).
-                version = stored_docs[doc_id].version
+                version, chunks = read
+                chunk_ids = [c.chunk_id for c in chunks]
+                first = [chunk_ids[0]]
+                old_entities, old_mentions, old_relations = await self._document_graph(collection, doc_id, chunk_ids)
                 builder = DocumentGraphBuilder(
                     doc_id=doc_id, content_hash=version, chunk_ids=chunk_ids, stored=[*stored, *old_entities]
                 )
@@ -643,7 +652,7 @@ class KnowledgeGraph:
         await self._require_graph(collection)
         matched = await self.store.find_entities(collection, [name], limit=20)
         if not matched:
-            matched = [e for e, _ in await self.retriever._by_meaning(collection, name)]  # noqa: SLF001 - same package
+            matched = [e for e, _ in await self.retriever.by_meaning(collection, name)]
         facts = await self.store.neighbors(collection, [e.id for e in matched], hops=hops, fanout=fanout, limit=limit) if matched else []
         return NeighborsResult(collection=collection, matched=tuple(matched), facts=tuple(facts))
 

@@ -11,22 +11,22 @@ and attach each fact's source chunks.
    similarity as its score.
 2. **Expansion.** The relations within ``hops`` of the linked entities, either
    direction, at most ``fanout`` per entity per hop (`GraphStore.neighbors`).
-3. **Ranking** (`rank_facts`), a weighted sum in [0, 1]:
-   ``0.45 * link + 0.30 / hops + 0.10 * relation + 0.15 * terms``, where ``link`` is
-   the best link score of the fact's ends that were linked (0 when neither was),
-   ``hops`` the fact's distance (1: it touches a linked entity), ``relation`` 1 when
-   a word of the relation type (``ISSUED_BY`` → "issued") appears in the question
-   (by its first five letters, so "issues" and "requires"/"required" match), and
-   ``terms`` the share of the question's content words found in the fact's chunks
-   or its ends' names. Ties keep the store's order (nearer first, then relation
-   type, then names), so a ranking is the same on every store and run.
-4. **Sources.** The text, title and source of each chunk a kept fact cites, read
-   from the vector store (`VectorStore.export_document`); a chunk the vector store
-   no longer has is left out.
+3. **Ranking** (`rank_facts`): how strongly a path from the linked entities reaches
+   the fact (a hub entity passes little on to each of its many relations), its
+   distance, whether the question names its relation type, the question's words
+   and meaning in the chunks that state it; a fact that runs alongside the path
+   ("another procedure that also requires this card") counts less than one that
+   continues it ("the card is issued by that office"). Ties keep the store's order
+   (nearer first, then relation type, then names), so a ranking is the same on
+   every store and run.
+4. **Sources.** The text, title and source of each chunk a fact cites, read from
+   the vector store with its vector (`VectorStore.export_document`, one read per
+   document); a chunk the vector store no longer has is left out.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import Counter
@@ -34,7 +34,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from knowledge.errors import UnknownCollectionError
 from knowledge.graphstore.base import Entity, Fact, GraphStore
 from knowledge.knowledge_base import KnowledgeBase
 from knowledge.ontology import normalise_name
@@ -55,6 +54,8 @@ __all__ = [
 
 ENTITIES_SUFFIX: Final = "__entities"
 """A collection's entity companion is ``<collection>__entities``."""
+
+_MAX_COLLECTION_NAME: Final = 64
 
 MAX_NGRAM: Final = 6
 """Longest run of question words looked up as an entity name."""
@@ -79,8 +80,15 @@ _STOP_WORDS: Final = frozenset(
 
 
 def entities_collection(collection: str) -> str:
-    """The vector collection holding one point per entity of ``collection``'s graph."""
-    return collection + ENTITIES_SUFFIX
+    """The vector collection holding one point per entity of ``collection``'s graph:
+    ``<collection>__entities``, or for a name too long for that (collection names
+    have at most 64 characters) its first 41 characters, ``-`` and 12 hex digits of
+    its hash before the suffix."""
+    name = collection + ENTITIES_SUFFIX
+    if len(name) <= _MAX_COLLECTION_NAME:
+        return name
+    digest = hashlib.sha256(collection.encode()).hexdigest()[:12]
+    return f"{collection[: _MAX_COLLECTION_NAME - len(ENTITIES_SUFFIX) - 13]}-{digest}{ENTITIES_SUFFIX}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -335,9 +343,9 @@ class GraphRetriever:
         self.knowledge = knowledge
         self.settings = settings
 
-    async def link(self, collection: str, question: str) -> list[LinkedEntity]:
+    async def link(self, collection: str, question: str, *, query: Sequence[float] | None = None) -> list[LinkedEntity]:
         """The entities ``question`` names (exact, alias) or means (vector), best first,
-        one entry per entity."""
+        one entry per entity. ``query``: the question's vector, if already embedded."""
         ngrams = question_ngrams(question)
         found: dict[str, LinkedEntity] = {}
         if ngrams:
@@ -352,22 +360,29 @@ class GraphRetriever:
                                       mention=ngrams[key])
                 if entity.id not in found or found[entity.id].score < linked.score:
                     found[entity.id] = linked
-        for entity, relevance in await self._by_meaning(collection, question):
+        for entity, relevance in await self.by_meaning(collection, question, query=query):
             if entity.id not in found:
                 found[entity.id] = LinkedEntity(entity=entity, how="vector", score=relevance, mention=question)
         return sorted(found.values(), key=lambda e: (-e.score, e.entity.type, e.entity.name, e.entity.id))
 
-    async def _by_meaning(self, collection: str, question: str) -> list[tuple[Entity, float]]:
+    async def by_meaning(
+        self, collection: str, text: str, *, query: Sequence[float] | None = None
+    ) -> list[tuple[Entity, float]]:
+        """Entities of the companion closest in meaning to ``text`` (at most ``link_k``)
+        with a cosine similarity of at least ``min_link_relevance``, best first; none
+        when the collection has no companion yet."""
         companion = entities_collection(collection)
-        try:
-            hits = await self.knowledge.search(companion, question, k=self.settings.link_k, mode="dense")
-        except UnknownCollectionError:
-            return []  # no entity was ever written to the companion
+        store = self.knowledge.store
+        if not await store.has_collection(companion):
+            return []
+        vector = query if query is not None else await self.knowledge.embedder.embed_query(text)
+        k = self.settings.link_k
+        hits = await store.search(companion, dense=vector, sparse=None, mode="dense", k=k, candidates=k)
         relevance = {h.doc_id: h.relevance for h in hits if h.relevance is not None and h.relevance >= self.settings.min_link_relevance}
         if not relevance:
             return []
         entities = await self.store.entities(collection, list(relevance))
-        return [(e, float(relevance[e.id])) for e in entities]
+        return sorted(((e, float(relevance[e.id])) for e in entities), key=lambda pair: (-pair[1], pair[0].id))
 
     async def sources(self, collection: str, chunk_ids: Sequence[str]) -> dict[str, FactSource]:
         """Chunk id → its `FactSource`, for the chunks the vector store has."""
@@ -407,7 +422,8 @@ class GraphRetriever:
         An expansion reads up to four times ``max_facts`` facts (at least 50), nearest
         first, before ranking.
         """
-        linked = await self.link(collection, question)
+        query = await self.knowledge.embedder.embed_query(question)
+        linked = await self.link(collection, question, query=query)
         if not linked:
             return GraphRetrieval(collection=collection, linked=(), facts=())
         facts = await self.store.neighbors(
@@ -415,7 +431,6 @@ class GraphRetriever:
         )
         chunk_ids = sorted({c for f in facts for c in f.chunk_ids})
         sources, vectors = await self._read_chunks(collection, chunk_ids)
-        query = await self.knowledge.embedder.embed_query(question)
         relevance = {c: _cosine(query, v) for c, v in vectors.items()}
         ranked = rank_facts(facts, linked, question, {c: s.text for c, s in sources.items()}, relevance)[:max_facts]
         return GraphRetrieval(

@@ -25,6 +25,7 @@ from knowledge import (
     KnowledgeSettings,
     OntologyMismatchError,
     OntologyRequiredError,
+    entities_collection,
     open_knowledge_graph,
 )
 from knowledge.embeddings.local import LocalEmbedder
@@ -265,3 +266,18 @@ async def test_open_knowledge_graph_wires_the_knowledge_base(tmp_path: Path, kno
     finally:
         await graph.aclose()
     assert knowledge.on_removed is None
+
+
+async def test_a_long_collection_name_gets_a_valid_companion(tmp_path: Path, knowledge: KnowledgeBase) -> None:
+    long = "c" * 64
+    assert entities_collection("city") == "city__entities"
+    companion = entities_collection(long)
+    assert len(companion) == 64 and companion.endswith("__entities") and companion != entities_collection("c" * 63 + "d")
+    await knowledge.ingest(long, [BENEFIT])
+    graph = KnowledgeGraph(LadybugStore(tmp_path / "graph"), knowledge, GraphSettings())
+    try:
+        line = json.dumps({"kind": "entity", "type": "Procedure", "name": "Unemployment Benefit", "source": "benefit.md"})
+        assert (await graph.import_facts(long, [line], ontology=ONTOLOGY)).entities == {"Procedure": 1}
+        assert len(await knowledge.store.documents(companion)) == 1
+    finally:
+        await graph.aclose()
