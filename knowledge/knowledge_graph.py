@@ -14,7 +14,8 @@ What a collection's graph holds and where it comes from:
   before. A document whose graph was written from its current version (same content
   hash as the vector store) is skipped unless ``force``. A document with a chunk
   whose extraction failed is written with what the other chunks gave, under a
-  ``partial:`` hash, so the next extraction tries it again.
+  ``partial:`` hash, so the next extraction tries it again; one whose chunks all
+  failed is not written (the graph keeps what it had).
 - **Curated facts** (`KnowledgeGraph.import_facts`): JSON Lines under the same checks
   (`knowledge.extraction.curated`). Each fact is stated by its ``source`` document;
   it is linked to that document's chunks that contain one of the names (case-folded;
@@ -411,6 +412,9 @@ class KnowledgeGraph:
             for result in results:
                 for problem in result.problems:
                     tally.problem(problem)
+            if failed == len(results):
+                # Nothing came back (a model that is down): keep what the graph has.
+                continue
             version = live if not failed else PARTIAL_PREFIX + live
             async with self._lock(collection):
                 current = await self.knowledge.store.document(collection, entry.doc_id)
@@ -469,8 +473,18 @@ class KnowledgeGraph:
         if not entity_ids:
             return
         entities = await self.store.entities(collection, list(entity_ids))
-        if entities:
-            await self.knowledge.ingest(entities_collection(collection), [_entity_document(e) for e in entities])
+        if not entities:
+            return
+        companion = entities_collection(collection)
+        report = await self.knowledge.ingest(companion, [_entity_document(e) for e in entities])
+        if report.failed:
+            # The graph is written; without these points the entities cannot be linked
+            # by meaning, nor read back by an import. Running again repairs it.
+            reasons = "; ".join(sorted({e["reason"] for e in report.errors}))[:500]
+            raise KnowledgeError(
+                f"the knowledge graph of {collection!r} was written, but {report.failed} entities could not be added "
+                f"to its entity companion {companion!r} ({reasons}); run the extraction or import again"
+            )
 
     async def _companion_ids(self, collection: str) -> list[str]:
         companion = entities_collection(collection)

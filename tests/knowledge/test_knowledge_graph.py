@@ -9,11 +9,19 @@ directory; the model is the real llama.cpp server or the scripted benchmark back
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import uvicorn
 import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from gateway import Backend, ModelGateway, load_registry
 from knowledge import (
@@ -36,6 +44,7 @@ from knowledge.knowledge_graph import PARTIAL_PREFIX
 from knowledge.ontology import load_ontology, parse_ontology
 from knowledge.settings import ExtractionSettings, GraphSettings
 from knowledge.vectorstore.edge import EdgeStore
+from tests.fakes.openai_backend import free_port
 from tests.scripted import running_scripted_backend
 
 pytestmark = pytest.mark.integration
@@ -196,25 +205,24 @@ async def test_extraction_counts_failed_chunks_and_retries_them(tmp_path: Path, 
             report = await graph.extract(
                 "city", ["benefit.md", "missing.md"], ontology=ONTOLOGY, progress=lambda d, t: seen.append((d, t))
             )
-            assert report.documents == 1 and report.chunks == 1 and report.failed_chunks == 1
+            assert report.documents == 0 and report.chunks == 1 and report.failed_chunks == 1
             assert report.invalid == {"bad_json": 1, "unknown_document": 1}
             assert {p["reason"] for p in report.problems} == {"bad_json", "unknown_document"}
             assert seen == [(1, 1)]
-            # Written as partial: the next extraction tries it again.
-            recorded = (await graph.store.documents("city"))["benefit.md"]
-            assert recorded.startswith(PARTIAL_PREFIX)
+            # Nothing came back: nothing is written, and the next extraction tries again.
+            assert await graph.store.documents("city") == {}
             again = await graph.extract("city")
-            assert again.documents == 2 and again.skipped == 0 and again.failed_chunks == 2
+            assert again.documents == 0 and again.skipped == 0 and again.failed_chunks == 2
 
             # Curated facts record the documents' versions: an extraction skips them...
             await graph.import_facts("city", [json.dumps(f) for f in FACTS])
             skipped = await graph.extract("city")
             assert skipped.skipped == 2 and skipped.documents == 0 and skipped.chunks == 0
-            # ...unless forced, which replaces what the documents had (curated facts too).
+            # ...unless forced, which would replace what the documents had (curated facts
+            # too); a model that answers nothing leaves it as it was.
             forced = await graph.extract("city", ["certificate.md"], force=True)
-            assert forced.documents == 1 and forced.failed_chunks == 1
-            assert not (await graph.neighbors("city", "Labour Arbitration Office")).matched
-            assert (await graph.neighbors("city", "Unemployment Benefit")).facts
+            assert forced.documents == 0 and forced.failed_chunks == 1
+            assert (await graph.neighbors("city", "Labour Arbitration Office")).facts
         finally:
             await graph.aclose()
             await gateway.aclose()
@@ -281,3 +289,88 @@ async def test_a_long_collection_name_gets_a_valid_companion(tmp_path: Path, kno
         assert len(await knowledge.store.documents(companion)) == 1
     finally:
         await graph.aclose()
+
+
+# ---- a FAKE extraction backend (failure injection: some chunks answer, others not) ----------
+
+GOOD_ANSWER = {
+    "entities": [
+        {"name": "Unemployment Benefit", "type": "Procedure"},
+        {"name": "Separation Certificate", "type": "Document", "aliases": ["leaving paper"]},
+        {"name": "Bob", "type": "Person"},
+    ],
+    "relations": [
+        {"type": "REQUIRES", "from": "unemployment benefit", "to": "Separation Certificate"},
+        {"type": "REQUIRES", "from": "Separation Certificate", "to": "Unemployment Benefit"},
+    ],
+}
+
+
+@contextmanager
+def fake_extraction_backend(answers_all: list[bool]) -> Iterator[str]:
+    """FAKE: answers `GOOD_ANSWER` for a chunk about the benefit (or any chunk while
+    ``answers_all[0]``), text that is not JSON otherwise. Yields its ``/v1`` URL."""
+
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        text = body["messages"][-1]["content"]
+        content = json.dumps(GOOD_ANSWER) if answers_all[0] or "benefit" in text.lower() else "I cannot help with that."
+        return JSONResponse({
+            "id": "fake", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        })
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "fake backend did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+async def test_extraction_writes_what_passes_and_retries_partial_documents(tmp_path: Path, knowledge: KnowledgeBase) -> None:
+    two_chunks = Document(
+        id="guide.md", format="markdown", source="guide.md",
+        text="# Guide\n\n## Benefit\n\nThe unemployment benefit requires a Separation Certificate.\n\n"
+        "## Weather\n\nIt rains a lot in Verrin.\n",
+    )
+    await knowledge.ingest("city", [two_chunks])
+    answers_all = [False]
+    with fake_extraction_backend(answers_all) as url:
+        gateway = ModelGateway(load_registry(_scripted_models(tmp_path / "models.yaml", url)))
+        graph = KnowledgeGraph(LadybugStore(tmp_path / "graph"), knowledge, GraphSettings(), gateway)
+        try:
+            report = await graph.extract("city", ["guide.md"], ontology=ONTOLOGY)
+            assert report.documents == 1 and report.chunks == 2 and report.failed_chunks == 1
+            assert report.entities == {"Document": 1, "Procedure": 1} and report.relations == {"REQUIRES": 1}
+            assert report.invalid == {"bad_json": 1, "relation_not_allowed": 1, "unknown_entity_type": 1}
+            assert {p["where"] for p in report.problems} == {"chunk guide.md#0", "chunk guide.md#1"}
+            facts = (await graph.neighbors("city", "leaving paper", hops=1)).facts
+            assert [(f.source.name, f.relation, f.target.name, f.chunk_ids) for f in facts] == [
+                ("Unemployment Benefit", "REQUIRES", "Separation Certificate", ("guide.md#0",))
+            ]
+            assert (await graph.store.documents("city"))["guide.md"].startswith(PARTIAL_PREFIX)
+            assert len(await knowledge.store.documents("city__entities")) == 2
+            # Partial: tried again; once every chunk answers, the version is recorded.
+            answers_all[0] = True
+            retried = await graph.extract("city", ["guide.md"])
+            assert retried.documents == 1 and retried.failed_chunks == 0
+            entry = await knowledge.store.document("city", "guide.md")
+            assert entry is not None and (await graph.store.documents("city"))["guide.md"] == entry.version
+            assert (await graph.extract("city", ["guide.md"])).skipped == 1
+            # Both chunks now state the relation; still one relation, one entity each.
+            stats = await graph.stats("city")
+            assert stats.relations["REQUIRES"] == 1 and stats.entities["Document"] == 1
+            facts = (await graph.neighbors("city", "Unemployment Benefit", hops=1)).facts
+            assert facts[0].chunk_ids == ("guide.md#0", "guide.md#1")
+        finally:
+            await graph.aclose()
+            await gateway.aclose()
