@@ -24,7 +24,6 @@ from knowledge.extraction import (
     RelationItem,
     check_entity,
     check_relation,
-    extraction_messages,
     extraction_schema,
     parse_answer,
     resolve_ends,
