@@ -13,6 +13,7 @@ from knowledge.graphstore.base import (
     entity_id,
 )
 from knowledge.graphstore.ladybug import LadybugStore
+from knowledge.graphstore.neo4j import Neo4jStore
 
 __all__ = [
     "DocumentGraph",
@@ -22,6 +23,7 @@ __all__ = [
     "GraphStore",
     "LadybugStore",
     "Mention",
+    "Neo4jStore",
     "PropertyValue",
     "Relation",
     "entity_id",
