@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from knowledge.graphstore.base import DocumentGraph, Entity, Fact, PropertyValue
@@ -24,6 +24,7 @@ __all__ = [
     "ontology_from_text",
     "ontology_text",
     "unique",
+    "with_entities",
 ]
 
 MAX_HOPS = 5
@@ -193,6 +194,14 @@ def expand_hop(
                     visited.add(end)
                     nxt.append(end)
     return facts, nxt
+
+
+def with_entities(facts: list[Fact], entities: Mapping[str, Entity]) -> list[Fact]:
+    """``facts`` with their ends replaced by the loaded entities (expansion reads
+    only ids, types and names)."""
+    return [
+        replace(f, source=entities.get(f.source.id, f.source), target=entities.get(f.target.id, f.target)) for f in facts
+    ]
 
 
 def check_expansion(hops: int, fanout: int, limit: int) -> None:
