@@ -33,13 +33,21 @@ import typer
 
 from knowledge._client import check, documents_path, headers, segment
 from knowledge.graph_cli import OntologyOption, print_graph_report, read_ontology, through
-from knowledge.errors import DocumentParseError, InvalidDocumentIdError, KnowledgeError, StoreLockedError
+from knowledge.errors import (
+    DocumentParseError,
+    InvalidDocumentIdError,
+    KnowledgeError,
+    OntologyMismatchError,
+    StoreLockedError,
+)
 from knowledge.ingestion.loaders import discover, load_file
 from knowledge.ingestion.pipeline import same_source
 from knowledge.knowledge_base import KnowledgeBase
+from knowledge.knowledge_graph import OntologyRequiredError
 from knowledge.migrate import migrate_collection
 from knowledge.models import Document, IngestReport, SearchHit, check_document_id
 from knowledge.vectorstore.base import valid_collection_name
+from knowledge.ontology import Ontology
 from knowledge.vectorstore.qdrant import QdrantStore
 
 if TYPE_CHECKING:
@@ -156,20 +164,27 @@ def ingest(
         async with env.open_knowledge_graph() as kg:
             if isinstance(kg, str):
                 typer.echo(f"the stores are held by the server at {kg}; sending the documents through it", err=True)
-                # The ontology is checked before any document is written.
+                # The ontology is checked before any document is written, and bound after.
                 path = f"/v1/collections/{segment(collection)}/graph/ontology"
+                async with httpx.AsyncClient(base_url=kg, headers=headers(), timeout=60) as client:
+                    answer = await client.get(path)
+                    if answer.status_code == 404 and answer.json().get("error", {}).get("code") in ("graph_not_found", "collection_not_found"):
+                        bound = None
+                    else:
+                        bound = check(answer, kg)
+                _check_ontology(collection, bound and (bound["name"], bound["fingerprint"]), ontology)
+                report = await _ingest_through(kg, collection, items, delete_missing)
                 if ontology_text is not None:
                     await through(kg, "PUT", path, json={"ontology": ontology_text})
-                else:
-                    await through(kg, "GET", path)
-                report = await _ingest_through(kg, collection, items, delete_missing)
                 typer.echo("extracting entities and relations on the server (a model call per chunk)...", err=True)
                 extracted = await through(
                     kg, "POST", f"/v1/collections/{segment(collection)}/graph/extract", json={"doc_ids": doc_ids}, timeout=None
                 )
                 return report, dict(extracted)
-            await kg.bind(collection, ontology)
+            bound = await kg.store.ontology(collection)
+            _check_ontology(collection, bound and (bound.name, bound.fingerprint), ontology)
             report = await write(kg.knowledge)
+            await kg.bind(collection, ontology)
             with typer.progressbar(length=1, label="extracting", file=sys.stderr) if show_bar else _NoBar() as bar:
 
                 def progress(done: int, total: int) -> None:
@@ -196,6 +211,23 @@ def ingest(
             print_graph_report(extracted)
     if report.failed or (extracted is not None and extracted.get("failed_chunks")):
         raise SystemExit(2)
+
+
+def _check_ontology(collection: str, bound: tuple[str, str] | None, given: Ontology | None) -> None:
+    """Before ``ingest --graph`` writes anything: the collection's graph is bound to
+    ``given`` (or will be), or has an ontology when none is given.
+
+    Raises:
+        OntologyMismatchError: the graph is bound to another ontology.
+        OntologyRequiredError: no graph yet, and no ontology given.
+    """
+    if bound is None:
+        if given is None:
+            raise OntologyRequiredError(collection)
+        return
+    name, fingerprint = bound
+    if given is not None and given.fingerprint != fingerprint:
+        raise OntologyMismatchError(collection, f"{name!r} ({fingerprint})", given.describe())
 
 
 @asynccontextmanager

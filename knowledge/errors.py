@@ -199,9 +199,14 @@ class GraphNotFoundError(KnowledgeError):
         self.collection = collection
         self.known = known
         listed = ", ".join(sorted(known)) or "none yet"
-        super().__init__(
-            f"collection {collection!r} has no knowledge graph (graphs: {listed}); build one with "
-            f"`switchyard ingest PATH --collection {collection} --graph --ontology FILE` or `switchyard graph import`"
+        super().__init__(f"{self.unlisted()[:-1]}; graphs: {listed}")
+
+    def unlisted(self) -> str:
+        """The message without the other graphs' names (for callers who may not see
+        every collection: an HTTP client of a tenant)."""
+        return (
+            f"collection {self.collection!r} has no knowledge graph; build one with `switchyard ingest PATH "
+            f"--collection {self.collection} --graph --ontology FILE` or `switchyard graph import`."
         )
 
 

@@ -19,6 +19,7 @@ import typer
 
 from knowledge._client import check, headers, segment
 from knowledge.errors import KnowledgeError
+from knowledge.extraction.extractor import extraction_schema
 from knowledge.graphstore.base import Entity, Fact
 from knowledge.ontology import Ontology, load_ontology
 from knowledge.vectorstore.base import valid_collection_name
@@ -127,8 +128,7 @@ def schema(
     """Print the JSON schema extraction asks the model to follow for this ontology
     (with ``knowledge.graph.extraction``'s limits)."""
     ontology = load_ontology(file)
-    limits = ctx.obj.knowledge_settings().graph.extraction
-    typer.echo(json.dumps(ontology.extraction_schema(max_entities=limits.max_entities, max_relations=limits.max_relations), indent=2))
+    typer.echo(json.dumps(extraction_schema(ontology, ctx.obj.knowledge_settings().graph.extraction), indent=2))
 
 
 def print_graph_report(report: dict[str, Any], *, file: Any = None) -> None:
@@ -163,7 +163,11 @@ def import_facts(
     valid_collection_name(collection)
     ontology, text = read_ontology(ontology_file)
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        # Lines end at "\n" only: str.splitlines() also splits at U+2028 and other
+        # separators a JSON string may hold, which broke lines and their numbers.
+        lines = [line.removesuffix("\r") for line in file.read_text(encoding="utf-8").split("\n")]
+        if lines and not lines[-1]:
+            lines.pop()
     except (OSError, UnicodeDecodeError) as exc:
         raise KnowledgeError(f"{file}: cannot read the facts ({exc})") from None
     env = ctx.obj

@@ -106,11 +106,14 @@ class KnowledgeBase:
 
         async with self._lock(collection):
             try:
-                return await self._ingestor.ingest(collection, items, delete_missing=delete_missing, tenant=tenant, progress=note)
-            finally:
-                # The facts of a replaced version came from chunks that are gone;
-                # `switchyard ingest --graph` extracts the new version again.
-                await self._removed(collection, removed)
+                report = await self._ingestor.ingest(collection, items, delete_missing=delete_missing, tenant=tenant, progress=note)
+            except BaseException:
+                await self._removed(collection, removed, quiet=True)
+                raise
+            # The facts of a replaced version came from chunks that are gone;
+            # `switchyard ingest --graph` extracts the new version again.
+            await self._removed(collection, removed)
+            return report
 
     async def search(
         self,
@@ -167,11 +170,30 @@ class KnowledgeBase:
             await self._removed(collection, [doc_id])
             return deleted
 
-    async def _removed(self, collection: str, doc_ids: list[str]) -> None:
+    async def _removed(self, collection: str, doc_ids: list[str], *, quiet: bool = False) -> None:
+        """Tell the graph, for every document, even after one failed.
+
+        Raises:
+            KnowledgeError: (unless ``quiet``, when another error is on its way) naming
+                the documents whose old facts could not be removed; the documents
+                themselves were written.
+        """
         if self.on_removed is None:
             return
+        failed: list[str] = []
         for doc_id in doc_ids:
-            await self.on_removed(collection, doc_id)
+            try:
+                await self.on_removed(collection, doc_id)
+            except KnowledgeError as exc:
+                log.error("the knowledge graph of %r kept the facts of replaced or deleted document %r: %s", collection, doc_id, exc)
+                failed.append(doc_id)
+        if failed and not quiet:
+            shown = ", ".join(repr(d) for d in failed[:10])
+            raise KnowledgeError(
+                f"the documents were written, but the knowledge graph of collection {collection!r} still holds the "
+                f"facts of the earlier versions of {shown}: `switchyard ingest PATH --collection {collection} --graph` "
+                "extracts replaced documents again and removes the facts of deleted ones"
+            )
 
     async def collections(self) -> list[CollectionInfo]:
         return await self.store.collections()

@@ -133,7 +133,8 @@ def to_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, VectorStoreError):
         return ApiError(status=503, message=str(exc), type="storage_unavailable", code="vector_store_unavailable")
     if isinstance(exc, GraphNotFoundError):
-        return ApiError(status=404, message=str(exc), type="invalid_request_error", param="collection", code="graph_not_found")
+        # Not the list of graphs: a tenant may not know other tenants' collections.
+        return ApiError(status=404, message=exc.unlisted(), type="invalid_request_error", param="collection", code="graph_not_found")
     if isinstance(exc, OntologyMismatchError):
         return ApiError(status=409, message=str(exc), type="invalid_request_error", param="ontology", code="ontology_mismatch")
     if isinstance(exc, (OntologyError, OntologyViolationError)):

@@ -44,7 +44,7 @@ RESERVED_NAMES = frozenset({"Chunk", "Entity", "MENTIONS", "Document_", "Ontolog
 
 _TYPE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 _PROPERTY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_BUILTIN_PROPERTIES = frozenset({"id", "name", "aliases", "description", "type", "collection", "chunk_ids", "doc_ids"})
+_BUILTIN_PROPERTIES = frozenset({"id", "name", "aliases", "keys", "description", "type", "collection", "chunk_ids", "doc_ids"})
 
 MAX_NAME_CHARS = 200
 """Longest entity name or alias kept (longer ones are refused, not cut)."""
@@ -95,6 +95,14 @@ class RelationType(BaseModel):
     @classmethod
     def _one_or_many(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("source_types", "target_types")
+    @classmethod
+    def _no_repeats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"entity types listed twice: {', '.join(repeated)}")
+        return value
 
 
 class Ontology(BaseModel):

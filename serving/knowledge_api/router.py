@@ -238,11 +238,17 @@ async def get_ontology(name: str, graph: GraphDep, principal: PrincipalDep) -> O
 
 
 @router.put("/{name}/graph/ontology", response_model=OntologyOut)
-async def put_ontology(name: str, body: OntologyIn, graph: GraphDep, principal: PrincipalDep) -> OntologyOut:
+async def put_ontology(
+    name: str, body: OntologyIn, knowledge: KnowledgeDep, graph: GraphDep, principal: PrincipalDep
+) -> OntologyOut:
     """Bind the collection's graph to an ontology (created the first time; the same
-    ontology again changes nothing; another one is a 409 naming both)."""
+    ontology again changes nothing; another one is a 409 naming both). The collection
+    must exist: upload its documents first."""
     _allowed(principal, name)
     ontology = _ontology(body.ontology, "ontology")
+    if not await knowledge.store.has_collection(name):
+        # No graph for a collection that does not exist: each one is a database.
+        raise ServingError(404, f"unknown collection {name!r}: upload its documents first")
     return _ontology_out(name, await graph.bind(name, ontology))
 
 

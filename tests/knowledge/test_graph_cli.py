@@ -93,7 +93,7 @@ def test_ontology_validate_and_schema(tmp_path: Path, workspace: tuple[Path, Pat
         "ISSUED_INSTEAD_BY",
         "REQUIRES",
     ]
-    assert schema["properties"]["entities"]["maxItems"] == 12 and entity["properties"]["name"]["maxLength"] > 0
+    assert schema["properties"]["entities"]["maxItems"] == 6 and entity["properties"]["name"]["maxLength"] == 48
 
 
 def test_curated_graph_from_the_command_line(tmp_path: Path, workspace: tuple[Path, Path]) -> None:

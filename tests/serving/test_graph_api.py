@@ -217,6 +217,20 @@ def test_bad_requests_are_4xx_naming_the_problem(dev_server: ServerHandle) -> No
     )
     assert dangling.status_code == 400 and "relation_types.R.to" in dangling.json()["error"]["message"]
 
+    reserved = httpx.put(url + "/graph/ontology", json={"ontology": "name: x\nentity_types: {A: {properties: {keys: string}}}\n"}, timeout=30)
+    assert reserved.status_code == 400 and "'keys' is reserved" in reserved.json()["error"]["message"]
+    twice = httpx.put(
+        url + "/graph/ontology",
+        json={"ontology": "name: x\nentity_types: {A: {}, B: {}}\nrelation_types: {R: {from: [A, A], to: [B]}}\n"},
+        timeout=30,
+    )
+    assert twice.status_code == 400 and "listed twice: A" in twice.json()["error"]["message"]
+    nowhere = httpx.put(_collection(dev_server, "never-uploaded") + "/graph/ontology", json={"ontology": ONTOLOGY}, timeout=30)
+    assert nowhere.status_code == 404 and "upload its documents first" in nowhere.json()["error"]["message"]
+    # A 404 names no other collection's graph (another tenant's, perhaps).
+    _seed(dev_server, "secret-plans")
+    assert "secret-plans" not in httpx.get(url + "/graph", timeout=30).text
+
     # Import into a collection whose graph has no ontology yet, without one: refused.
     unbound = httpx.post(url + "/graph/import", json={"lines": LINES}, timeout=30)
     assert unbound.status_code == 400, unbound.text
