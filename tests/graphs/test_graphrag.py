@@ -32,6 +32,7 @@ from knowledge.ontology import load_ontology
 from knowledge.settings import GraphSettings, RagSettings
 from knowledge.vectorstore.edge import EdgeStore
 from tests.conftest import REPO
+from tools import ToolRegistry, ToolsSettings
 
 pytestmark = pytest.mark.integration
 
@@ -149,6 +150,26 @@ def test_the_builder_needs_the_knowledge_graph(knowledge: tuple[KnowledgeBase, K
         make_graph(GraphDeps(graph_id="graphrag", model=_model(), models=_NoModels(), knowledge=kb))
     with pytest.raises(ValueError, match="needs the knowledge base"):
         make_graph(GraphDeps(graph_id="graphrag", model=_model(), models=_NoModels()))
+
+
+class _OneModel:
+    def chat_model(self, alias: str) -> Any:
+        return _model()
+
+
+def test_graphrag_builds_next_to_other_graphs(knowledge: tuple[KnowledgeBase, KnowledgeGraph]) -> None:
+    # As config/switchyard.yaml lists them: graphrag after rag, the agent after both;
+    # each gets the knowledge graph itself, whatever was built before it.
+    kb, kg = knowledge
+    specs = {
+        "rag": GraphSpec(path="graphs.rag:make_graph"),
+        "graphrag": GraphSpec(path="graphs.graphrag:make_graph"),
+        "agent": GraphSpec(path="graphs.agent:make_graph", tools=("graph_neighbors",)),
+    }
+    tools = ToolRegistry.builtin(ToolsSettings(), kb, graph=kg)
+    registry = GraphRegistry.load(specs, _OneModel(), knowledge=kb, tools=tools, graph=kg)
+    assert registry.ids() == ["rag", "graphrag", "agent"]
+    assert "facts" in registry.get("graphrag").graph.channels
 
 
 def test_sources_interleave_graph_and_search_each_chunk_once() -> None:
