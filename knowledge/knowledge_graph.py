@@ -41,7 +41,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -67,7 +67,7 @@ from knowledge.retrieval.graph import (
     entities_collection,
 )
 from knowledge.settings import GraphSettings, KnowledgeSettings
-from knowledge.vectorstore.base import valid_collection_name
+from knowledge.vectorstore.base import StoredDocument, valid_collection_name
 
 if TYPE_CHECKING:
     from gateway import ModelGateway
@@ -400,10 +400,10 @@ class KnowledgeGraph:
                 progress(done, total)
             return result
 
-        for entry in todo:
+        async def document(entry: StoredDocument) -> None:
             read = await self._chunks(collection, entry.doc_id)
             if read is None:
-                continue  # deleted meanwhile
+                return  # deleted meanwhile
             live, chunks = read
             results = await asyncio.gather(*(one(c) for c in chunks))
             tally.chunks += len(results)
@@ -414,7 +414,7 @@ class KnowledgeGraph:
                     tally.problem(problem)
             if failed == len(results):
                 # Nothing came back (a model that is down): keep what the graph has.
-                continue
+                return
             version = live if not failed else PARTIAL_PREFIX + live
             async with self._lock(collection):
                 current = await self.knowledge.store.document(collection, entry.doc_id)
@@ -422,7 +422,7 @@ class KnowledgeGraph:
                     # Replaced or deleted while the model read it (the knowledge base
                     # already removed its facts): these would be stale.
                     log.info("graph extraction %s: %s changed while it was extracted; not written", collection, entry.doc_id)
-                    continue
+                    return
                 names = [n for r in results for e in r.entities for n in (e.name, *e.aliases)]
                 stored = await self._stored_entities(collection, names)
                 builder = DocumentGraphBuilder(
@@ -436,6 +436,24 @@ class KnowledgeGraph:
                 await self.store.write_document(collection, graph)
                 tally.written(graph)
                 await self._update_companion(collection, [e.id for e in graph.entities])
+
+        # Up to ``concurrency`` documents at once (and as many chunks in all), so that
+        # one-chunk documents keep a server with several slots busy too; each document
+        # is written as soon as its chunks are done.
+        documents = asyncio.Semaphore(self.settings.extraction.concurrency)
+
+        async def bounded(entry: StoredDocument) -> None:
+            async with documents:
+                await document(entry)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for entry in todo:
+                    group.create_task(bounded(entry))
+        except BaseExceptionGroup as failed:
+            # The first failure as itself (a GraphStoreError stays a 503), as a run of
+            # one document at a time would raise it; the other documents were cancelled.
+            raise failed.exceptions[0]  # noqa: B904
         if tally.documents:
             async with self._lock(collection):
                 await self._prune_companion(collection)
@@ -503,18 +521,23 @@ class KnowledgeGraph:
 
     # ---- curated facts ---------------------------------------------------------------------
 
-    async def _document_graph(self, collection: str, doc_id: str, chunk_ids: Sequence[str]) -> tuple[list[Entity], dict[str, list[str]], list[Relation]]:
-        """What the graph holds from ``doc_id`` now: its entities, which of its chunks
-        mention each, and its relations with its own chunk ids.
+    async def _all_mentions(self, collection: str) -> dict[str, tuple[str, ...]]:
+        """Entity id → the chunks that mention it, for every entity of the graph.
 
-        The port has no "read a document's graph", so this reads it back through the
-        entity companion (every entity of the graph has a point there): the mentions
-        of every entity, then the relations of those the document mentions."""
-        own = set(chunk_ids)
+        The port has no "read a document's graph", so a document's graph is read back
+        through the entity companion (every entity of the graph has a point there):
+        the mentions of every entity (here), then the relations of those the document
+        mentions (`_document_graph`)."""
         ids = await self._companion_ids(collection)
-        if not ids:
-            return [], {}, []
-        mentions = await self.store.mentions(collection, ids)
+        return await self.store.mentions(collection, ids) if ids else {}
+
+    async def _document_graph(
+        self, collection: str, chunk_ids: Sequence[str], mentions: Mapping[str, Sequence[str]]
+    ) -> tuple[list[Entity], dict[str, list[str]], list[Relation]]:
+        """What the graph holds from the document whose chunks are ``chunk_ids``: its
+        entities, which of its chunks mention each, and its relations with its own
+        chunk ids (``mentions``: `_all_mentions`)."""
+        own = set(chunk_ids)
         mine = {e: [c for c in chunks if c in own] for e, chunks in mentions.items()}
         mine = {e: c for e, c in mine.items() if c}
         if not mine:
@@ -585,10 +608,14 @@ class KnowledgeGraph:
                 tally.problem(ends)
             else:
                 resolved.append((relation, *ends))
-        for doc_id in sorted({e.source for e in entities} | {r.source for r, _, _ in resolved}):
-            async with self._lock(collection):
-                # Read under the lock: a document replaced or deleted from here on
-                # has its facts removed after this write, by the knowledge base's hook.
+        # The whole write phase under the collection's lock (no model calls here): the
+        # graph's mentions are read once, and the documents' graphs read back from them
+        # are not changed by another writer meanwhile. A document replaced or deleted
+        # meanwhile has its facts removed after this, by the knowledge base's hook.
+        written: set[str] = set()
+        async with self._lock(collection):
+            mentions = await self._all_mentions(collection)
+            for doc_id in sorted({e.source for e in entities} | {r.source for r, _, _ in resolved}):
                 read = await self._chunks(collection, doc_id)
                 if read is None or not read[1]:
                     gone = (*(e.item for e in entities if e.source == doc_id), *(r.item for r, _, _ in resolved if r.source == doc_id))
@@ -600,7 +627,7 @@ class KnowledgeGraph:
                 version, chunks = read
                 chunk_ids = [c.chunk_id for c in chunks]
                 first = [chunk_ids[0]]
-                old_entities, old_mentions, old_relations = await self._document_graph(collection, doc_id, chunk_ids)
+                old_entities, old_mentions, old_relations = await self._document_graph(collection, chunk_ids, mentions)
                 builder = DocumentGraphBuilder(
                     doc_id=doc_id, content_hash=version, chunk_ids=chunk_ids, stored=[*stored, *old_entities]
                 )
@@ -621,7 +648,8 @@ class KnowledgeGraph:
                 graph = builder.build()
                 await self.store.write_document(collection, graph)
                 tally.written(graph)
-                await self._update_companion(collection, [e.id for e in graph.entities])
+                written.update(e.id for e in graph.entities)
+            await self._update_companion(collection, sorted(written))
         # In file order, whichever step found them.
         tally.problems.sort(key=lambda p: int(p.where.removeprefix("line ")) if p.where.startswith("line ") else 0)
         report = tally.report(collection, ontology, started)

@@ -374,3 +374,37 @@ async def test_extraction_writes_what_passes_and_retries_partial_documents(tmp_p
         finally:
             await graph.aclose()
             await gateway.aclose()
+
+
+async def test_documents_are_extracted_concurrently(tmp_path: Path, knowledge: KnowledgeBase) -> None:
+    more = [
+        Document(id=f"benefit-{i}.md", format="markdown", source=f"benefit-{i}.md",
+                 text=f"# Benefit {i}\n\nThe unemployment benefit requires a Separation Certificate ({i}).\n")
+        for i in range(4)
+    ]
+    await knowledge.ingest("city", more)
+    with fake_extraction_backend([True]) as url:
+        gateway = ModelGateway(load_registry(_scripted_models(tmp_path / "models.yaml", url)))
+        settings = GraphSettings(extraction=ExtractionSettings(concurrency=3))
+        graph = KnowledgeGraph(LadybugStore(tmp_path / "graph"), knowledge, settings, gateway)
+        try:
+            seen: list[tuple[int, int]] = []
+            report = await graph.extract("city", ontology=ONTOLOGY, progress=lambda d, t: seen.append((d, t)))
+            assert report.documents == 6 and report.chunks == 6 and report.failed_chunks == 0
+            assert seen == [(n, 6) for n in range(1, 7)]
+            # Six documents state the same two entities and one relation: merged, not copied.
+            assert report.entities == {"Document": 1, "Procedure": 1} and report.relations == {"REQUIRES": 1}
+            facts = (await graph.neighbors("city", "Unemployment Benefit", hops=1)).facts
+            assert len(facts) == 1 and len(facts[0].doc_ids) == 6
+            assert len(await knowledge.store.documents("city__entities")) == 2
+            # A failure inside one document's work is raised as itself, not as an
+            # exception group (a caller maps KnowledgeError subclasses to statuses).
+
+            def interrupted(done: int, total: int) -> None:
+                raise KnowledgeError("stopped by the caller")
+
+            with pytest.raises(KnowledgeError, match="stopped by the caller"):
+                await graph.extract("city", force=True, progress=interrupted)
+        finally:
+            await graph.aclose()
+            await gateway.aclose()
