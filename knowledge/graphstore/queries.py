@@ -31,8 +31,7 @@ __all__ = [
     "DOCUMENT_EXISTS",
     "DROP_BATCH",
     "DROP_ONTOLOGY",
-    "EDGES_FROM",
-    "EDGES_TO",
+    "EDGES",
     "FALKORDB_INDEXES",
     "FALKORDB_INDEX",
     "FIND_ENTITIES",
@@ -186,15 +185,13 @@ FIND_ENTITIES = (
     "RETURN n AS node, labels(n) AS labels"
 )
 
-EDGES_FROM = (
-    "UNWIND $ids AS i MATCH (a:Entity {collection: $collection, id: i})-[r]->(b:Entity) "
-    "RETURN a AS source, labels(a) AS source_labels, type(r) AS type, b AS target, labels(b) AS target_labels, r.chunk_ids AS chunk_ids"
+EDGES = (
+    "UNWIND $ids AS i MATCH (a:Entity {collection: $collection, id: i})-[r]-(b:Entity) "
+    "RETURN a.id AS a_id, a.name AS a_name, labels(a) AS a_labels, startNode(r) = a AS outgoing, type(r) AS type, "
+    "b.id AS b_id, b.name AS b_name, labels(b) AS b_labels, r.chunk_ids AS chunk_ids"
 )
-
-EDGES_TO = (
-    "UNWIND $ids AS i MATCH (a:Entity)-[r]->(b:Entity {collection: $collection, id: i}) "
-    "RETURN a AS source, labels(a) AS source_labels, type(r) AS type, b AS target, labels(b) AS target_labels, r.chunk_ids AS chunk_ids"
-)
+"""The relations touching the entities ``$ids``, either direction (MENTIONS starts at a
+chunk, so it is not among them), their ends named but not loaded."""
 
 MENTIONS = (
     "UNWIND $ids AS i MATCH (c:Chunk)-[:MENTIONS]->(e:Entity {collection: $collection, id: i}) "
