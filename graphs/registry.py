@@ -176,8 +176,8 @@ class GraphRegistry:
                 tools=tools,
                 tool_names=tuple(spec.tools),
             )
-            graph = _compile(graph_id, spec, load_target(graph_id, spec.path), deps)
-            loaded[graph_id] = RegisteredGraph(graph_id=graph_id, spec=spec, graph=graph)
+            compiled = _compile(graph_id, spec, load_target(graph_id, spec.path), deps)
+            loaded[graph_id] = RegisteredGraph(graph_id=graph_id, spec=spec, graph=compiled)
         return cls(loaded)
 
     def with_checkpointer(self, checkpointer: BaseCheckpointSaver[Any]) -> GraphRegistry:
