@@ -26,6 +26,7 @@ from tools.builtin.calculator import evaluate
 from tools.builtin.search import SearchArgs
 
 SHIPPED = ["agent", "chat", "rag"]
+"""The large bilingual suites (the graphrag suite, smaller and English only, has its own tests)."""
 CJK = re.compile(r"[\u4e00-\u9fff]")
 # The argument schemas of the tools the agent suite expects (knowledge_search is built
 # over a knowledge base, so its schema is taken directly).
@@ -49,7 +50,7 @@ def corpus_documents(corpus: Path) -> dict[str, str]:
 
 
 def test_the_shipped_suites_are_listed() -> None:
-    assert list_suites() == SHIPPED
+    assert list_suites() == ["agent", "chat", "graphrag", "rag"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -280,13 +281,13 @@ def test_an_empty_or_missing_dataset_is_an_error(tmp_path: Path) -> None:
 def test_a_bad_suite_names_its_problems_in_both_files(tmp_path: Path) -> None:
     directory = tmp_path / "mine"
     directory.mkdir()
-    write(directory / "suite.yaml", "name: mine", "graph: graphrag", "corpus: nowhere", "collection: c", "owner: me")
+    write(directory / "suite.yaml", "name: mine", "graph: graphql", "corpus: nowhere", "collection: c", "owner: me")
     write(directory / "cases.jsonl", '{"id": "a", "input": "Q", "collection": 3}')
     with pytest.raises(DatasetError) as error:
         load_suite(directory, root=tmp_path)
     config, cases = directory / "suite.yaml", directory / "cases.jsonl"
     assert problems(error) == [
-        f"{config}:2: graph: Input should be 'rag', 'agent' or 'chat'",
+        f"{config}:2: graph: Input should be 'rag', 'graphrag', 'agent' or 'chat'",
         f"{config}:5: owner: Extra inputs are not permitted",
         f"{cases}:1: collection: Input should be a valid string",
     ]
@@ -305,7 +306,7 @@ def test_a_suite_whose_corpus_is_missing_is_an_error(tmp_path: Path) -> None:
 def test_an_unknown_suite_names_the_shipped_ones(tmp_path: Path) -> None:
     with pytest.raises(DatasetError) as error:
         load_suite("nonesuch")
-    assert problems(error) == ["nonesuch: no such suite (shipped suites: agent, chat, rag)"]
+    assert problems(error) == ["nonesuch: no such suite (shipped suites: agent, chat, graphrag, rag)"]
 
 
 def test_a_bare_name_is_the_shipped_suite_whatever_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
