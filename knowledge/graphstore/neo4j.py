@@ -68,7 +68,6 @@ from knowledge.graphstore._common import (
     ontology_from_text,
     ontology_text,
     unique,
-    with_entities,
 )
 from knowledge.graphstore.base import DocumentGraph, Entity, Fact, GraphStats, PropertyValue
 from knowledge.ontology import Ontology, normalise_name
@@ -406,17 +405,16 @@ class Neo4jStore:
             seen: set[tuple[str, str, str]] = set()
             facts: list[Fact] = []
             for hop in range(1, hops + 1):
-                edges = await _edges(tx, collection, frontier)
+                edges = await _edges(tx, collection, ontology, frontier)
                 found, frontier = expand_hop(frontier, edges, hop=hop, fanout=fanout, seen=seen, visited=visited)
                 facts.extend(found)
                 if not frontier or len(facts) >= limit:
                     break
-            facts.sort(key=fact_order)
-            facts = facts[:limit]
-            ends = unique([e for f in facts for e in (f.source.id, f.target.id)])
-            return with_entities(facts, await _load_entities(tx, collection, ontology, ends) if ends else {})
+            return facts
 
-        return await self._run(expand, write=False)
+        facts = await self._run(expand, write=False)
+        facts.sort(key=fact_order)
+        return facts[:limit]
 
     async def mentions(self, collection: str, entity_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
         await self._require(collection)
@@ -477,13 +475,13 @@ async def _load_entities(tx: neo4j.AsyncManagedTransaction, collection: str, ont
     return {e.id: e for e in (_entity(r["node"], r["labels"], ontology) for r in rows)}
 
 
-async def _edges(tx: neo4j.AsyncManagedTransaction, collection: str, ids: list[str]) -> list[Edge]:
+async def _edges(tx: neo4j.AsyncManagedTransaction, collection: str, ontology: Ontology, ids: list[str]) -> list[Edge]:
     if not ids:
         return []
     edges = []
     for row in await (await tx.run(q.EDGES, collection=collection, ids=ids)).data():
-        a = Entity(id=str(row["a_id"]), type=_type_of(row["a_labels"]), name=str(row["a_name"] or ""))
-        b = Entity(id=str(row["b_id"]), type=_type_of(row["b_labels"]), name=str(row["b_name"] or ""))
+        a = _entity(row["a"], row["a_labels"], ontology)
+        b = _entity(row["b"], row["b_labels"], ontology)
         source, target = (a, b) if row["outgoing"] else (b, a)
         edges.append(Edge(source, str(row["type"]), target, tuple(row["chunk_ids"] or ())))
     return edges

@@ -186,12 +186,14 @@ FIND_ENTITIES = (
 )
 
 EDGES = (
-    "UNWIND $ids AS i MATCH (a:Entity {collection: $collection, id: i})-[r]-(b:Entity) "
-    "RETURN a.id AS a_id, a.name AS a_name, labels(a) AS a_labels, startNode(r) = a AS outgoing, type(r) AS type, "
-    "b.id AS b_id, b.name AS b_name, labels(b) AS b_labels, r.chunk_ids AS chunk_ids"
+    "MATCH (a:Entity)-[r]-(b:Entity) WHERE a.collection = $collection AND a.id IN $ids "
+    "RETURN a AS a, labels(a) AS a_labels, startNode(r) = a AS outgoing, type(r) AS type, "
+    "b AS b, labels(b) AS b_labels, r.chunk_ids AS chunk_ids"
 )
 """The relations touching the entities ``$ids``, either direction (MENTIONS starts at a
-chunk, so it is not among them), their ends named but not loaded."""
+chunk, so it is not among them), with both ends. ``id IN $ids`` rather than an UNWIND:
+FalkorDB ran the UNWIND form 10x slower for a 2-hop frontier (measured); loading the
+ends afterwards in a second query cost FalkorDB more than returning them here."""
 
 MENTIONS = (
     "UNWIND $ids AS i MATCH (c:Chunk)-[:MENTIONS]->(e:Entity {collection: $collection, id: i}) "
