@@ -301,7 +301,8 @@ class KnowledgeGraph:
         the graph the first time), or with None the one it is bound to.
 
         Raises:
-            InvalidCollectionNameError: not a collection name, or an entity companion.
+            InvalidCollectionNameError: not a collection name.
+            KnowledgeError: the name of an entity companion (``<collection>__entities``).
             OntologyRequiredError: None given and the collection has no graph.
             OntologyMismatchError: the graph is bound to another ontology.
         """
