@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import neo4j
-from neo4j.exceptions import DriverError, Neo4jError
+from neo4j.exceptions import ConfigurationError, DriverError, Neo4jError
 
 from knowledge.errors import GraphNotFoundError, GraphStoreError, KnowledgeError, OntologyMismatchError, OntologyViolationError
 from knowledge.graphstore import queries as q
@@ -95,6 +95,10 @@ class Neo4jStore:
             servers other than Neo4j, see the module docstring).
         timeout_s: limit for each call: the transaction timeout the server
             enforces, the driver's connection timeouts, and the wait for a turn.
+
+    Raises:
+        GraphStoreError: a URL the driver cannot use, or one with credentials in it
+            (they go in ``user`` and ``password``).
     """
 
     def __init__(
@@ -105,13 +109,21 @@ class Neo4jStore:
         self.location = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
         self._timeout = timeout_s
         self._database = database
-        self._driver = neo4j.AsyncGraphDatabase.driver(
-            url,
-            auth=(user, password or ""),
-            connection_timeout=timeout_s,
-            connection_acquisition_timeout=timeout_s,
-            max_transaction_retry_time=timeout_s,
-        )
+        if "@" in parts.netloc:
+            raise GraphStoreError(
+                f"the Neo4j URL {self.location} has credentials in it: give them as the user and password "
+                "(knowledge.graph.neo4j_user, neo4j_password) instead"
+            )
+        try:
+            self._driver = neo4j.AsyncGraphDatabase.driver(
+                url,
+                auth=(user, password or ""),
+                connection_timeout=timeout_s,
+                connection_acquisition_timeout=timeout_s,
+                max_transaction_retry_time=timeout_s,
+            )
+        except (ConfigurationError, ValueError) as exc:
+            raise GraphStoreError(f"the Neo4j URL {self.location} is not usable: {exc}") from exc
         self._probe_lock = asyncio.Lock()
         self._is_neo4j: bool | None = None
         self._one: asyncio.Lock | None = None

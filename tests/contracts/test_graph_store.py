@@ -19,6 +19,8 @@ import pytest
 
 from knowledge.errors import (
     GraphNotFoundError,
+    GraphStoreError,
+    OntologyError,
     InvalidCollectionNameError,
     OntologyMismatchError,
     OntologyViolationError,
@@ -61,14 +63,15 @@ async def opener(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> A
 
     open_store.prefix = prefix  # type: ignore[attr-defined]
     yield open_store
+    for store in opened:
+        await store.aclose()
     if kind == "neo4j" and opened:
         # One server holds every test's graphs: drop what this test made.
-        cleaner = opened[-1]
+        cleaner = open_store()
         for name in await cleaner.graphs():
             if name.startswith(prefix):
                 await cleaner.drop(name)
-    for store in opened:
-        await store.aclose()
+        await cleaner.aclose()
 
 
 @pytest.fixture
@@ -525,3 +528,39 @@ async def test_reopen_after_close(kind: str, opener: Callable[[], GraphStore], n
     assert await second.documents(c) == {"a": graph.content_hash}
     assert triples(await second.neighbors(c, [ARBITRATION.id])) == [("Separation Certificate", "ISSUED_BY", "Labour Arbitration Office", 1)]
     assert c in await second.graphs()
+
+
+async def test_type_names_folding_to_the_stores_own_tables(kind: str, store: GraphStore, name: Callable[[str], str]) -> None:
+    """LadybugDB table names ignore case, so an entity type ``chunk`` would be the
+    store's own ``Chunk`` table there: refused naming it. Neo4j labels are
+    case-sensitive, so it binds."""
+    c = name("clash")
+    clashing = parse_ontology("name: clash\nentity_types:\n  chunk: {}\n  Thing: {}\n")
+    if kind == "ladybug":
+        with pytest.raises(OntologyError, match="chunk"):
+            await store.bind(c, clashing)
+        assert c not in await store.graphs()
+    else:
+        await store.bind(c, clashing)
+        assert (await store.stats(c)).entities == {"Thing": 0, "chunk": 0}
+
+
+async def test_a_closed_store_says_so(store: GraphStore, name: Callable[[str], str]) -> None:
+    c = name("closed")
+    await store.bind(c, ONTOLOGY)
+    await store.aclose()
+    await store.aclose()  # twice is fine
+    with pytest.raises(GraphStoreError, match="closed"):
+        await store.stats(c)
+
+
+async def test_neo4j_urls() -> None:
+    store = Neo4jStore("bolt://graph.internal:7687", user="neo4j", password="secret")
+    assert store.location == "bolt://graph.internal:7687"
+    await store.aclose()
+    # Credentials belong in user and password; the message does not repeat them.
+    with pytest.raises(GraphStoreError, match="credentials") as caught:
+        Neo4jStore("bolt://neo4j:secret@graph.internal:7687", user="neo4j", password="secret")
+    assert "secret" not in str(caught.value)
+    with pytest.raises(GraphStoreError, match="not usable"):
+        Neo4jStore("redis://graph.internal:6379", user="neo4j", password="secret")
