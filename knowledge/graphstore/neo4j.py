@@ -28,8 +28,9 @@ into Cypher are labels and relationship types of a validated ontology.
   So the store takes everything a write could fail on out of the transaction (the
   ontology check and the entity merging happen first, in Python), and makes every
   call, reads included, wait its turn on one session: a reader never sees a
-  half-written document, and the server sees one connection (FalkorDB's Bolt
-  endpoint stopped answering when several connections were busy at once). FalkorDB
+  half-written document, and the driver keeps one connection open for the store's
+  life (FalkorDB 4.18 leaves the first new connection after a client's disconnect
+  unanswered, and once stopped answering after several busy connections). FalkorDB
   also routes auto-commit queries and transactions to different graphs when a
   database name is given, so ``database`` is ignored there (its default graph).
 
