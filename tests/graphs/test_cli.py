@@ -42,7 +42,7 @@ def test_graphs_draw_is_mermaid_naming_the_nodes() -> None:
 
 def test_unknown_graph_and_bad_config_fail_with_a_clear_message(tmp_path: Path) -> None:
     unknown = _run("graphs", "draw", "nope")
-    assert unknown.returncode == 1 and "unknown graph 'nope'; registered: agent, chat, rag" in unknown.stderr
+    assert unknown.returncode == 1 and "unknown graph 'nope'; registered: agent, chat, graphrag, rag" in unknown.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("server: {port: high}\n")
     result = _run("--config", str(bad), "graphs", "list")
