@@ -42,6 +42,7 @@ PropertyKind = Literal["string", "integer", "number", "boolean"]
 RESERVED_NAMES = frozenset({"Chunk", "Entity", "MENTIONS", "Document_", "Ontology_", "RELATED"})
 """Labels the graph stores use themselves; an ontology may not declare them."""
 
+_RESERVED_FOLDED = frozenset(name.casefold() for name in RESERVED_NAMES)
 _TYPE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 _PROPERTY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _BUILTIN_PROPERTIES = frozenset({"id", "name", "aliases", "keys", "description", "type", "collection", "chunk_ids", "doc_ids"})
@@ -125,8 +126,11 @@ class Ontology(BaseModel):
         for name in value:
             if not _TYPE_NAME.match(name):
                 raise ValueError(f"type name {name!r} must match {_TYPE_NAME.pattern}")
-            if name in RESERVED_NAMES:
-                raise ValueError(f"type name {name!r} is reserved (used by the graph stores: {', '.join(sorted(RESERVED_NAMES))})")
+            if name.casefold() in _RESERVED_FOLDED:
+                # LadybugDB's table names ignore case: "chunk" is the Chunk table.
+                raise ValueError(
+                    f"type name {name!r} is reserved, in any case (used by the graph stores: {', '.join(sorted(RESERVED_NAMES))})"
+                )
         return value
 
     @model_validator(mode="after")
