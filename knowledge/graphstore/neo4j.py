@@ -33,6 +33,9 @@ into Cypher are labels and relationship types of a validated ontology.
   unanswered, and once stopped answering after several busy connections). FalkorDB
   also routes auto-commit queries and transactions to different graphs when a
   database name is given, so ``database`` is ignored there (its default graph).
+  And it splices parameters into the query text: strings are escaped for it
+  (`_FalkorDBTx`), and a string with a NUL is refused (a ValueError) before anything
+  is written.
 
 **Cancellation.** Like every graph store, a call whose caller is cancelled finishes
 its transaction first (`_finish`): a cancelled `write_document` has committed (or,
@@ -48,9 +51,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import neo4j
@@ -220,7 +224,7 @@ class Neo4jStore:
 
     # ---- running transactions ------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[neo4j.AsyncManagedTransaction], Awaitable[T]], *, write: bool) -> T:
+    async def _run(self, fn: Callable[[_Tx], Awaitable[T]], *, write: bool) -> T:
         """``fn`` in a managed transaction, finished even if the caller is cancelled."""
         if self._closed:
             raise GraphStoreError(f"the graph store at {self.location} is closed")
@@ -228,7 +232,8 @@ class Neo4jStore:
 
         @neo4j.unit_of_work(timeout=self._timeout)
         async def work(tx: neo4j.AsyncManagedTransaction) -> T:
-            return await fn(tx)
+            # FalkorDB splices parameters into the query text (see `_FalkorDBTx`).
+            return await fn(tx if self._one is None else _FalkorDBTx(tx))
 
         async def run() -> T:
             async with self._turn(), self._session() as session:
@@ -251,7 +256,7 @@ class Neo4jStore:
         if cached is not None:
             return cached
 
-        async def read(tx: neo4j.AsyncManagedTransaction) -> str | None:
+        async def read(tx: _Tx) -> str | None:
             record = await (await tx.run(q.GET_ONTOLOGY, collection=collection)).single()
             return None if record is None else str(record["text"])
 
@@ -279,7 +284,7 @@ class Neo4jStore:
         await self._ensure_schema(ontology)
         params = {"collection": collection, "name": ontology.name, "fingerprint": ontology.fingerprint, "text": ontology_text(ontology)}
 
-        async def bind(tx: neo4j.AsyncManagedTransaction) -> str:
+        async def bind(tx: _Tx) -> str:
             record = await (await tx.run(q.BIND_ONTOLOGY, params)).single()
             assert record is not None
             return str(record["text"])
@@ -293,7 +298,7 @@ class Neo4jStore:
         return await self._bound(collection)
 
     async def graphs(self) -> list[str]:
-        async def read(tx: neo4j.AsyncManagedTransaction) -> list[str]:
+        async def read(tx: _Tx) -> list[str]:
             return [str(r["collection"]) for r in await (await tx.run(q.GRAPHS)).data()]
 
         return await self._run(read, write=False)
@@ -305,7 +310,7 @@ class Neo4jStore:
             for own in _OWN_LABELS:
                 statement = q.DROP_BATCH.format(label=q.label(own))
 
-                async def batch(tx: neo4j.AsyncManagedTransaction, statement: str = statement) -> int:
+                async def batch(tx: _Tx, statement: str = statement) -> int:
                     record = await (await tx.run(statement, collection=collection, batch=_DROP_BATCH)).single()
                     return int(record["deleted"]) if record else 0
 
@@ -314,7 +319,7 @@ class Neo4jStore:
                 while await self._run(batch, write=True) == _DROP_BATCH:
                     pass
 
-            async def unbind(tx: neo4j.AsyncManagedTransaction) -> int:
+            async def unbind(tx: _Tx) -> int:
                 record = await (await tx.run(q.DROP_ONTOLOGY, collection=collection)).single()
                 return int(record["deleted"]) if record else 0
 
@@ -334,7 +339,7 @@ class Neo4jStore:
     async def documents(self, collection: str) -> dict[str, str]:
         await self._require(collection)
 
-        async def read(tx: neo4j.AsyncManagedTransaction) -> dict[str, str]:
+        async def read(tx: _Tx) -> dict[str, str]:
             rows = await (await tx.run(q.DOCUMENTS, collection=collection)).data()
             return {str(r["doc_id"]): str(r["hash"]) for r in rows}
 
@@ -353,8 +358,11 @@ class Neo4jStore:
         reasons, properties = check_document(ontology, graph)
         if reasons:
             raise OntologyViolationError(collection, reasons)
+        if self._one is not None:
+            # Refused before the first statement: FalkorDB has no rollback.
+            _falkordb_value(dataclasses.asdict(graph))
 
-        async def write(tx: neo4j.AsyncManagedTransaction) -> None:
+        async def write(tx: _Tx) -> None:
             await _write(tx, collection, ontology, graph, properties)
 
         async with self._write_lock(collection):
@@ -363,7 +371,7 @@ class Neo4jStore:
     async def delete_document(self, collection: str, doc_id: str) -> bool:
         await self._require(collection)
 
-        async def delete(tx: neo4j.AsyncManagedTransaction) -> bool:
+        async def delete(tx: _Tx) -> bool:
             record = await (await tx.run(q.DOCUMENT_EXISTS, collection=collection, doc_id=doc_id)).single()
             existed = bool(record and record["n"])
             removed, mentioned = await _remove_document(tx, collection, doc_id)
@@ -383,7 +391,7 @@ class Neo4jStore:
         if not wanted:
             return []
 
-        async def read(tx: neo4j.AsyncManagedTransaction) -> dict[str, Entity]:
+        async def read(tx: _Tx) -> dict[str, Entity]:
             return await _load_entities(tx, collection, ontology, wanted)
 
         found = await self._run(read, write=False)
@@ -394,10 +402,13 @@ class Neo4jStore:
         by type, name and id, at most ``limit``."""
         ontology = await self._require(collection)
         keys = unique([k for k in (normalise_name(n) for n in names) if k])
+        if self._one is not None:
+            # FalkorDB cannot hold a NUL (see `_FalkorDBTx`), so no name there has one.
+            keys = [k for k in keys if "\x00" not in k]
         if not keys or limit < 1:
             return []
 
-        async def read(tx: neo4j.AsyncManagedTransaction) -> list[Entity]:
+        async def read(tx: _Tx) -> list[Entity]:
             rows = await (await tx.run(q.FIND_ENTITIES, collection=collection, keys=keys)).data()
             return [_entity(r["node"], r["labels"], ontology) for r in rows]
 
@@ -412,7 +423,7 @@ class Neo4jStore:
         if not ontology.relation_types or not seeds:
             return []
 
-        async def expand(tx: neo4j.AsyncManagedTransaction) -> list[Fact]:
+        async def expand(tx: _Tx) -> list[Fact]:
             frontier = unique(seeds)
             visited = set(frontier)
             seen: set[tuple[str, str, str]] = set()
@@ -435,7 +446,7 @@ class Neo4jStore:
         if not ids:
             return {}
 
-        async def read(tx: neo4j.AsyncManagedTransaction) -> list[dict[str, Any]]:
+        async def read(tx: _Tx) -> list[dict[str, Any]]:
             return await (await tx.run(q.MENTIONS, collection=collection, ids=ids)).data()
 
         found: dict[str, set[str]] = {}
@@ -446,7 +457,7 @@ class Neo4jStore:
     async def stats(self, collection: str) -> GraphStats:
         ontology = await self._require(collection)
 
-        async def read(tx: neo4j.AsyncManagedTransaction) -> GraphStats:
+        async def read(tx: _Tx) -> GraphStats:
             async def one(statement: str) -> int:
                 record = await (await tx.run(statement, collection=collection)).single()
                 return int(record["n"]) if record else 0
@@ -471,7 +482,53 @@ class Neo4jStore:
 # ---- transaction bodies --------------------------------------------------------------------------
 
 
-async def _consume(tx: neo4j.AsyncManagedTransaction, statement: str, **params: Any) -> None:
+class _Tx(Protocol):
+    """What the transaction bodies use of a transaction."""
+
+    async def run(self, query: Any, parameters: Mapping[str, Any] | None = None, **kwargs: Any) -> neo4j.AsyncResult: ...
+
+
+class _FalkorDBTx:
+    """A transaction on FalkorDB whose string parameters survive its Bolt endpoint.
+
+    FalkorDB 4.18 does not keep Bolt parameters apart from the query: it writes them
+    into a ``CYPHER name='value' ...`` prefix of the query text between single quotes
+    without escaping them, and its parser then reads backslash escapes in them
+    (measured through the ``neo4j`` driver: ``it's`` and ``end\\`` fail with
+    ``Neo.DatabaseError.General.UnknownError``, ``\\'`` arrives as ``'``; double quotes,
+    newlines and non-ASCII text arrive intact; a NUL cuts the string). Unescaped, a
+    value could end its quote and add Cypher of its own. So every string (in lists
+    and maps too) goes with its backslashes and single quotes escaped, which the
+    parser undoes; a NUL is refused (`_falkordb_value`). Neo4j gets parameters as
+    they are."""
+
+    def __init__(self, tx: neo4j.AsyncManagedTransaction) -> None:
+        self._tx = tx
+
+    async def run(self, query: Any, parameters: Mapping[str, Any] | None = None, **kwargs: Any) -> neo4j.AsyncResult:
+        params = {**(parameters or {}), **kwargs}
+        return await self._tx.run(query, {k: _falkordb_value(v) for k, v in params.items()})
+
+
+def _falkordb_value(value: Any) -> Any:
+    """``value`` with every string escaped for FalkorDB's parameter splicing.
+
+    Raises:
+        ValueError: a string holds a NUL, which FalkorDB would cut it at.
+    """
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"a NUL character in {value[:80]!r}: FalkorDB cannot hold it (it cuts the string there)")
+        return value.replace("\\", "\\\\").replace("'", "\\'")
+    if isinstance(value, Mapping):
+        return {k: _falkordb_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_falkordb_value(v) for v in value]
+    return value
+
+
+
+async def _consume(tx: _Tx, statement: str, **params: Any) -> None:
     await (await tx.run(statement, params)).consume()  # type: ignore[arg-type]
 
 
@@ -483,12 +540,12 @@ def _entity(node: Any, labels: Sequence[str], ontology: Ontology) -> Entity:
     return entity_from_record(dict(node), _type_of(labels), ontology)
 
 
-async def _load_entities(tx: neo4j.AsyncManagedTransaction, collection: str, ontology: Ontology, ids: list[str]) -> dict[str, Entity]:
+async def _load_entities(tx: _Tx, collection: str, ontology: Ontology, ids: list[str]) -> dict[str, Entity]:
     rows = await (await tx.run(q.LOAD_ENTITIES, collection=collection, ids=ids)).data()
     return {e.id: e for e in (_entity(r["node"], r["labels"], ontology) for r in rows)}
 
 
-async def _edges(tx: neo4j.AsyncManagedTransaction, collection: str, ontology: Ontology, ids: list[str]) -> list[Edge]:
+async def _edges(tx: _Tx, collection: str, ontology: Ontology, ids: list[str]) -> list[Edge]:
     if not ids:
         return []
     edges = []
@@ -500,7 +557,7 @@ async def _edges(tx: neo4j.AsyncManagedTransaction, collection: str, ontology: O
     return edges
 
 
-async def _remove_document(tx: neo4j.AsyncManagedTransaction, collection: str, doc_id: str) -> tuple[bool, set[str]]:
+async def _remove_document(tx: _Tx, collection: str, doc_id: str) -> tuple[bool, set[str]]:
     """Take the document's chunks out of the graph (see `LadybugStore`'s twin)."""
     rows = await (await tx.run(q.CHUNKS_OF_DOCUMENT, collection=collection, doc_id=doc_id)).data()
     old = sorted(str(r["id"]) for r in rows)
@@ -513,7 +570,7 @@ async def _remove_document(tx: neo4j.AsyncManagedTransaction, collection: str, d
 
 
 async def _write(
-    tx: neo4j.AsyncManagedTransaction,
+    tx: _Tx,
     collection: str,
     ontology: Ontology,
     doc: DocumentGraph,

@@ -564,3 +564,65 @@ async def test_neo4j_urls() -> None:
     assert "secret" not in str(caught.value)
     with pytest.raises(GraphStoreError, match="not usable"):
         Neo4jStore("redis://graph.internal:6379", user="neo4j", password="secret")
+
+
+# ---- values that are hard to quote ---------------------------------------------------------------
+
+AWKWARD = [
+    "Harbor Master's Office",
+    'The "Quoted" Office',
+    "Back\\slash Office",
+    "Ends with a backslash\\",
+    "Escaped \\' quote",
+    "Bürgeramt Köln — 日本語 😀",
+    "Line\nbreak Office",
+    "x'}) MATCH (n) DETACH DELETE n //",
+]
+
+
+async def test_names_with_quotes_backslashes_and_non_ascii(store: GraphStore, name: Callable[[str], str]) -> None:
+    """Every value travels as data (FalkorDB's Bolt endpoint splices parameters into
+    the query text: a quote or a backslash once broke the statement or could end the
+    quote and run Cypher of its own)."""
+    c = name("quotes")
+    quirky = parse_ontology(
+        "name: quirky\n"
+        "entity_types:\n  Office: {description: \"Harbor Master's \\\\ 'office'\", properties: {address: string}}\n"
+        "  Document: {}\nrelation_types:\n  ISSUED_BY: {from: [Document], to: [Office]}\n"
+    )
+    await store.bind(c, quirky)
+    assert (await store.ontology(c)).fingerprint == quirky.fingerprint  # type: ignore[union-attr]
+    note = ent("Document", "doctor's note", "the doc's \"note\"\\", description="It's a \\'note\\'")
+    offices = [ent("Office", n, f"{n} alias'", description=f"{n}'s description", address=f"1 O'Connell St\\{i}") for i, n in enumerate(AWKWARD)]
+    graph = doc("doctor's \"notes\"\\.md", [(note, "ISSUED_BY", o) for o in offices], content_hash="h'\\")
+    await store.write_document(c, graph)
+    await store.write_document(c, graph)  # idempotent with these values too
+    assert await store.documents(c) == {"doctor's \"notes\"\\.md": "h'\\"}
+    for office in offices:
+        assert await store.find_entities(c, [office.name]) == [office]
+        assert await store.find_entities(c, [office.aliases[0]]) == [office]
+        assert await store.entities(c, [office.id]) == [office]
+    assert await store.find_entities(c, ["DOCTOR'S NOTE", "the doc's \"note\"\\"]) == [note]
+    facts = await store.neighbors(c, [note.id], hops=1, fanout=100)
+    assert sorted(f.target.name for f in facts) == sorted(AWKWARD)
+    assert {f.chunk_ids for f in facts} == {("doctor's \"notes\"\\.md#0",)}
+    assert await store.mentions(c, [note.id]) == {note.id: ("doctor's \"notes\"\\.md#0",)}
+    stats = await store.stats(c)
+    assert (stats.documents, stats.chunks, stats.entities["Office"], stats.relations["ISSUED_BY"]) == (1, 1, len(AWKWARD), len(AWKWARD))
+    assert await store.delete_document(c, "doctor's \"notes\"\\.md") is True
+    assert sum((await store.stats(c)).entities.values()) == 0
+
+
+async def test_a_nul_in_a_name_on_falkordb_is_refused_before_writing(kind: str, store: GraphStore, name: Callable[[str], str]) -> None:
+    """FalkorDB cuts a string at a NUL: refused as a ValueError naming it, with nothing
+    written; lookups with one find nothing. (Neo4j and LadybugDB keep it.)"""
+    if kind != "neo4j":
+        pytest.skip("FalkorDB only")
+    c = name("nul")
+    await store.bind(c, ONTOLOGY)
+    await store.write_document(c, doc("a", [(CERT, "ISSUED_BY", ARBITRATION)]))
+    before = await store.stats(c)
+    with pytest.raises(ValueError, match="NUL"):
+        await store.write_document(c, doc("a", [(CERT, "ISSUED_BY", ent("Office", "Nul\x00Office"))]))
+    assert await store.stats(c) == before
+    assert await store.find_entities(c, ["Labour Arbitration Office\x00"]) == []
