@@ -10,11 +10,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from knowledge.graphstore.base import DocumentGraph, Entity, Fact, PropertyValue
+from knowledge.graphstore.base import DocumentGraph, Entity, Fact, Mention, PropertyValue, Relation
 from knowledge.ontology import Ontology
 
 __all__ = [
     "Edge",
+    "assemble_document",
     "check_document",
     "entity_from_record",
     "expand_hop",
@@ -212,6 +213,47 @@ def check_expansion(hops: int, fanout: int, limit: int) -> None:
         raise ValueError(f"fanout must be at least 1, got {fanout}")
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
+
+
+def chunk_order(chunk_id: str) -> tuple[str, int, str]:
+    """Chunks of a document in their order (``doc#2`` before ``doc#10``)."""
+    doc_id, _, index = chunk_id.rpartition("#")
+    return (doc_id, int(index), "") if index.isdigit() else (chunk_id, -1, chunk_id)
+
+
+def assemble_document(
+    doc_id: str,
+    content_hash: str | None,
+    chunk_ids: Iterable[str],
+    mentions: Iterable[tuple[str, str]],
+    relations: Iterable[tuple[str, str, str, Sequence[str]]],
+    entities: Mapping[str, Entity],
+) -> DocumentGraph | None:
+    """`GraphStore.document_graph` from what a store read: ``mentions`` as (chunk id,
+    entity id), ``relations`` as (type, source id, target id, chunk ids) of the
+    relations starting at an entity the document mentions (cut here to its chunks)."""
+    chunks = sorted(set(chunk_ids), key=chunk_order)
+    if content_hash is None and not chunks:
+        return None
+    own = set(chunks)
+    pairs = sorted({(c, e) for c, e in mentions if c in own and e in entities}, key=lambda m: (chunk_order(m[0]), m[1]))
+    mentioned = sorted({e for _, e in pairs})
+    kept: dict[tuple[str, str, str], list[str]] = {}
+    for relation_type, source, target, relation_chunks in relations:
+        cited = [c for c in relation_chunks or () if c in own]
+        if cited and source in entities and target in entities:
+            found = kept.setdefault((relation_type, source, target), [])
+            found.extend(c for c in cited if c not in found)
+    return DocumentGraph(
+        doc_id=doc_id,
+        content_hash=content_hash or "",
+        chunk_ids=tuple(chunks),
+        entities=tuple(entities[e] for e in mentioned),
+        relations=tuple(
+            Relation(type=t, source=s, target=o, chunk_ids=tuple(sorted(c, key=chunk_order))) for (t, s, o), c in sorted(kept.items())
+        ),
+        mentions=tuple(Mention(chunk_id=c, entity_id=e) for c, e in pairs),
+    )
 
 
 def unique(items: Sequence[str]) -> list[str]:

@@ -204,6 +204,20 @@ class GraphStore(Protocol):
         """Remove what the document contributed; False if it had written nothing."""
         ...
 
+    async def document_graph(self, collection: str, doc_id: str) -> DocumentGraph | None:
+        """What ``doc_id`` contributes now, read back from the graph: its content hash,
+        its chunk ids, the entities its chunks mention (as stored: their aliases,
+        description and properties may have come from other documents too), the
+        relations carrying its chunk ids (``chunk_ids`` cut to its own) and its
+        mentions. ``write_document(g)`` then ``document_graph`` gives ``g`` back up to
+        order (when no other document added to its entities). None if the document
+        has written nothing.
+
+        Raises:
+            GraphNotFoundError: the collection has no graph.
+        """
+        ...
+
     async def entities(self, collection: str, ids: Sequence[str]) -> list[Entity]:
         """The stored entities with these ids (unknown ids are left out)."""
         ...

@@ -63,6 +63,7 @@ from knowledge.errors import (
 )
 from knowledge.graphstore._common import (
     Edge,
+    assemble_document,
     check_document,
     check_expansion,
     entity_from_record,
@@ -341,6 +342,32 @@ class LadybugStore:
             return existed or removed
 
         return await self._call(handle, lambda c: _checkpointed(c, handle, _transaction(c, lambda: delete(c))))
+
+    async def document_graph(self, collection: str, doc_id: str) -> DocumentGraph | None:
+        """What ``doc_id`` contributes now (see `GraphStore.document_graph`)."""
+        handle = await self._graph(collection)
+
+        def read(conn: ladybug.Connection) -> DocumentGraph | None:
+            params = {"d": doc_id}
+            hashes = _rows(conn.execute("MATCH (d:Document_ {doc_id: $d}) RETURN d.hash", params))
+            chunks = [str(c) for (c,) in _rows(conn.execute("MATCH (c:Chunk) WHERE c.doc_id = $d RETURN c.id", params))]
+            mentions = [
+                (str(c), str(e))
+                for c, e in _rows(conn.execute("MATCH (c:Chunk)-[:MENTIONS]->(e) WHERE c.doc_id = $d RETURN c.id, e.id", params))
+            ]
+            relations: list[tuple[str, str, str, list[str]]] = []
+            if handle.relation_types:
+                rels = "|".join(_q(t) for t in handle.relation_types)
+                # Every relation the document stated starts at an entity it mentions.
+                for source, rel, target in _rows(
+                    conn.execute(f"MATCH (c:Chunk)-[:MENTIONS]->(a)-[r:{rels}]->(b) WHERE c.doc_id = $d RETURN a.id, r, b.id", params)
+                ):
+                    relations.append((str(rel["_LABEL"]), str(source), str(target), [str(x) for x in rel.get("chunk_ids") or ()]))
+            entities = _load_entities(conn, handle, {e for _, e in mentions})
+            content_hash = str(hashes[0][0]) if hashes and hashes[0][0] is not None else None
+            return assemble_document(doc_id, content_hash, chunks, mentions, relations, entities)
+
+        return await self._call(handle, read)
 
     # ---- reading ------------------------------------------------------------------------------
 

@@ -64,6 +64,7 @@ from knowledge.errors import GraphNotFoundError, GraphStoreError, KnowledgeError
 from knowledge.graphstore import queries as q
 from knowledge.graphstore._common import (
     Edge,
+    assemble_document,
     check_document,
     check_expansion,
     entity_from_record,
@@ -382,6 +383,29 @@ class Neo4jStore:
 
         async with self._write_lock(collection):
             return await self._run(delete, write=True)
+
+    async def document_graph(self, collection: str, doc_id: str) -> DocumentGraph | None:
+        """What ``doc_id`` contributes now (see `GraphStore.document_graph`), read in
+        one transaction."""
+        ontology = await self._require(collection)
+
+        async def read(tx: _Tx) -> DocumentGraph | None:
+            record = await (await tx.run(q.DOCUMENT_HASH, collection=collection, doc_id=doc_id)).single()
+            chunks = [str(r["id"]) for r in await (await tx.run(q.CHUNKS_OF_DOCUMENT, collection=collection, doc_id=doc_id)).data()]
+            mentions = [
+                (str(r["chunk"]), str(r["entity"]))
+                for r in await (await tx.run(q.DOCUMENT_MENTIONS, collection=collection, doc_id=doc_id)).data()
+            ]
+            relations = [
+                (str(r["type"]), str(r["source"]), str(r["target"]), [str(c) for c in r["chunk_ids"] or ()])
+                for r in await (await tx.run(q.DOCUMENT_RELATIONS, collection=collection, doc_id=doc_id)).data()
+            ]
+            ids = sorted({e for _, e in mentions})
+            entities = await _load_entities(tx, collection, ontology, ids) if ids else {}
+            content_hash = None if record is None or record["hash"] is None else str(record["hash"])
+            return assemble_document(doc_id, content_hash, chunks, mentions, relations, entities)
+
+        return await self._run(read, write=False)
 
     # ---- reading ------------------------------------------------------------------------------------
 

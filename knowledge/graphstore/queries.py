@@ -29,6 +29,9 @@ __all__ = [
     "DELETE_DOCUMENT_RECORD",
     "DOCUMENTS",
     "DOCUMENT_EXISTS",
+    "DOCUMENT_HASH",
+    "DOCUMENT_MENTIONS",
+    "DOCUMENT_RELATIONS",
     "DROP_BATCH",
     "DROP_ONTOLOGY",
     "EDGES",
@@ -114,6 +117,19 @@ DROP_ONTOLOGY = "MATCH (o:Ontology_ {collection: $collection}) DELETE o RETURN c
 DOCUMENTS = "MATCH (d:Document_ {collection: $collection}) RETURN d.doc_id AS doc_id, d.hash AS hash"
 
 DOCUMENT_EXISTS = "MATCH (d:Document_ {collection: $collection, doc_id: $doc_id}) RETURN count(d) AS n"
+
+DOCUMENT_HASH = "MATCH (d:Document_ {collection: $collection, doc_id: $doc_id}) RETURN d.hash AS hash"
+
+DOCUMENT_MENTIONS = (
+    "MATCH (c:Chunk {collection: $collection, doc_id: $doc_id})-[:MENTIONS]->(e:Entity) RETURN c.id AS chunk, e.id AS entity"
+)
+
+DOCUMENT_RELATIONS = (
+    "MATCH (c:Chunk {collection: $collection, doc_id: $doc_id})-[:MENTIONS]->(a:Entity)-[r]->(b:Entity) "
+    "WITH DISTINCT a, r, b RETURN type(r) AS type, a.id AS source, b.id AS target, r.chunk_ids AS chunk_ids"
+)
+"""The relations starting at an entity the document mentions (every relation it
+stated does), with all their chunk ids (the caller keeps the document's)."""
 
 CHUNKS_OF_DOCUMENT = "MATCH (c:Chunk {collection: $collection, doc_id: $doc_id}) RETURN c.id AS id"
 
