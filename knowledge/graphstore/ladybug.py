@@ -79,7 +79,7 @@ from knowledge.graphstore.base import DocumentGraph, Entity, Fact, GraphStats, P
 from knowledge.ontology import Ontology, normalise_name
 from knowledge.vectorstore.base import valid_collection_name
 
-__all__ = ["LadybugStore"]
+__all__ = ["GraphStoreLockedError", "LadybugStore"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,21 @@ _COLUMN_TYPES = {"string": "STRING", "integer": "INT64", "number": "DOUBLE", "bo
 _OWN_TABLES = frozenset({"chunk", "mentions", "document_", "ontology_"})
 """The tables the store itself creates; LadybugDB table names ignore case, so an
 ontology type that folds to one of these cannot be a table."""
+
+
+class GraphStoreLockedError(StoreLockedError):
+    """The embedded graph store's directory is in use by another process (one
+    process per directory: LadybugDB opens a database file in one process only).
+
+    Attributes:
+        path: the directory.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        KnowledgeError.__init__(
+            self, f"the graph store at {path} is in use by another process (the embedded graph store allows one process per directory)"
+        )
 
 
 def _q(name: str) -> str:
@@ -135,7 +150,8 @@ class LadybugStore:
         buffer_pool_mb: the page cache of each open collection database.
 
     Raises:
-        StoreLockedError: another `LadybugStore` (in any process) has ``path`` open.
+        GraphStoreLockedError: another `LadybugStore` (in any process) has ``path``
+            open (a `StoreLockedError`).
     """
 
     def __init__(self, path: Path, *, timeout_s: float = 30.0, buffer_pool_mb: int = 256) -> None:
@@ -149,8 +165,9 @@ class LadybugStore:
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock_file.close()
-            raise StoreLockedError(str(path)) from None
+            raise GraphStoreLockedError(str(path)) from None
         self._graphs: dict[str, _Graph] = {}
+        self._opening: dict[str, asyncio.Future[_Graph]] = {}
         self._open_lock = asyncio.Lock()
         self._closed = False
         for entry in path.iterdir():
@@ -185,15 +202,32 @@ class LadybugStore:
         found = self._graphs.get(name)
         if found is not None:
             return found
+        # One opening task per collection, which every caller awaits (shielded): a
+        # caller cancelled mid-open leaves the task (and the lock it holds) running,
+        # so the next caller waits for it instead of opening the same database a
+        # second time (LadybugDB allows one Database per path in a process).
+        opening = self._opening.get(name)
+        if opening is None:
+            opening = asyncio.ensure_future(self._open(name))
+            self._opening[name] = opening
+            opening.add_done_callback(lambda done: self._opened(name, done))
+        return await asyncio.shield(opening)
+
+    def _opened(self, name: str, done: asyncio.Future[_Graph]) -> None:
+        if self._opening.get(name) is done:
+            del self._opening[name]
+        if not done.cancelled():
+            done.exception()  # retrieved: every caller may have been cancelled
+
+    async def _open(self, name: str) -> _Graph:
         async with self._open_lock:
+            self._check_open()
             found = self._graphs.get(name)
             if found is not None:
                 return found
             if not self._db_path(name).is_file():
                 raise GraphNotFoundError(name, self._names())
-            # Shielded: a caller cancelled mid-open must not leave an open database
-            # nobody holds (LadybugDB allows one Database per path in a process).
-            return await asyncio.shield(self._load(name))
+            return await self._load(name)
 
     async def _load(self, name: str) -> _Graph:
         def load() -> _Graph:
@@ -210,6 +244,9 @@ class LadybugStore:
                 raise
 
         graph = await _engine(name, load)
+        if self._closed:  # closed by `close_now` while the engine opened it
+            await _engine(name, lambda: _close(graph))
+            self._check_open()
         self._graphs[name] = graph
         return graph
 
@@ -307,6 +344,21 @@ class LadybugStore:
             graphs, self._graphs = list(self._graphs.values()), {}
             for graph in graphs:
                 await _engine(graph.name, lambda g=graph: _close(g))  # type: ignore[misc]
+        self._lock_file.close()
+
+    def close_now(self) -> None:
+        """Close the open databases and release the directory from synchronous code
+        (after a failed start-up, with no event loop to await `aclose` on). Waits for
+        an engine call still running on a collection (its lock) before closing it."""
+        if self._closed:
+            return
+        self._closed = True
+        graphs, self._graphs = list(self._graphs.values()), {}
+        for graph in graphs:
+            try:
+                _close(graph)
+            except Exception:  # closing the rest and the lock matters more
+                log.exception("closing the graph of collection %r", graph.name)
         self._lock_file.close()
 
     # ---- documents -------------------------------------------------------------------------

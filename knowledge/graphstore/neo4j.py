@@ -138,6 +138,7 @@ class Neo4jStore:
         self._schema_done: set[str] = set()
         self._write_locks: dict[str, asyncio.Lock] = {}
         self._closed = False
+        self._closing: asyncio.Task[None] | None = None
 
     # ---- the server --------------------------------------------------------------------
 
@@ -328,9 +329,28 @@ class Neo4jStore:
 
     async def aclose(self) -> None:
         if self._closed:
+            if self._closing is not None:
+                await self._closing
             return
         self._closed = True
         await self._driver.close()
+
+    def close_now(self) -> None:
+        """Close the store from synchronous code (after a failed start-up). The driver
+        connects lazily, so at start-up it usually holds no connection; its close is
+        scheduled on the running event loop if there is one, else run to the end here."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            try:
+                asyncio.run(self._driver.close())
+            except Exception:  # a socket that will not close cleanly is closed anyway
+                log.exception("closing the graph store at %s", self.location)
+            return
+        self._closing = loop.create_task(self._driver.close())
 
     def _write_lock(self, collection: str) -> asyncio.Lock:
         return self._write_locks.setdefault(collection, asyncio.Lock())

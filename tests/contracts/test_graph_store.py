@@ -11,6 +11,7 @@ The ontology is the sample corpus's (config/ontologies/city-services.yaml).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -571,7 +572,7 @@ async def test_reopen_after_close(kind: str, opener: Callable[[], GraphStore], n
     graph = doc("a", [(CERT, "ISSUED_BY", ARBITRATION)])
     await first.write_document(c, graph)
     if kind == "ladybug":
-        with pytest.raises(StoreLockedError):
+        with pytest.raises(StoreLockedError, match="the graph store at .* is in use by another process"):
             LadybugStore(tmp_path / "graph")
     await first.aclose()
     second = opener()
@@ -580,6 +581,64 @@ async def test_reopen_after_close(kind: str, opener: Callable[[], GraphStore], n
     assert await second.documents(c) == {"a": graph.content_hash}
     assert triples(await second.neighbors(c, [ARBITRATION.id])) == [("Separation Certificate", "ISSUED_BY", "Labour Arbitration Office", 1)]
     assert c in await second.graphs()
+
+
+async def test_close_now_releases_the_store(kind: str, opener: Callable[[], GraphStore], name: Callable[[str], str]) -> None:
+    """``close_now`` (synchronous, for a failed start-up) closes the store; the
+    embedded one releases its directory, so a new store opens it at once."""
+    c = name("closenow")
+    first = opener()
+    await first.bind(c, ONTOLOGY)
+    await first.write_document(c, doc("a", [(CERT, "ISSUED_BY", ARBITRATION)]))
+    first.close_now()  # type: ignore[attr-defined]
+    first.close_now()  # type: ignore[attr-defined]  # twice is fine
+    with pytest.raises(GraphStoreError, match="closed"):
+        await first.stats(c)
+    await first.aclose()  # and aclose after it
+    second = opener()
+    assert await second.documents(c) == {"a": "hash-a-1"}
+
+
+def test_close_now_without_an_event_loop(tmp_path: Path) -> None:
+    """What a failed start-up does: no loop, the lock released."""
+    store = LadybugStore(tmp_path / "graph")
+    store.close_now()
+    LadybugStore(tmp_path / "graph").close_now()
+    neo = Neo4jStore("bolt://127.0.0.1:1", user="", password="")
+    neo.close_now()
+
+
+async def test_a_cancelled_open_opens_the_database_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LadybugDB allows one Database per path in a process: a caller cancelled while
+    the collection's database opens must not let the next caller open it again."""
+    import knowledge.graphstore.ladybug as embedded
+
+    first = LadybugStore(tmp_path / "graph")
+    await first.bind("c", ONTOLOGY)
+    await first.write_document("c", doc("a", [(CERT, "ISSUED_BY", ARBITRATION)]))
+    await first.aclose()
+    opened: list[object] = []
+    real = embedded.ladybug.Database
+
+    def counting(*args: object, **kwargs: object) -> object:
+        opened.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(embedded.ladybug, "Database", counting)
+    store = LadybugStore(tmp_path / "graph")
+    try:
+        for delay in range(4):
+            task = asyncio.create_task(store.documents("c"))
+            for _ in range(delay):
+                await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert await store.documents("c") == {"a": "hash-a-1"}
+        assert await asyncio.gather(*(store.documents("c") for _ in range(3))) == [{"a": "hash-a-1"}] * 3
+        assert len(opened) == 1
+    finally:
+        await store.aclose()
 
 
 async def test_type_names_folding_to_the_stores_own_tables() -> None:
