@@ -22,7 +22,7 @@ from graphs.guards import checked
 from graphs.graphrag.prompts import ANSWER_PROMPT, format_facts, format_sources
 from graphs.graphrag.state import GraphRagState, Source
 from graphs.rag.nodes import RagNodes
-from knowledge import CollectionNotAllowedError, GraphNotFoundError, KnowledgeBase, KnowledgeGraph
+from knowledge import CollectionNotAllowedError, GraphNotFoundError, GraphStoreError, KnowledgeBase, KnowledgeGraph
 from knowledge.settings import GraphRetrievalSettings, RagSettings
 
 __all__ = ["GRAPH_EXTRA_SOURCES", "GraphRagNodes"]
@@ -107,6 +107,11 @@ class GraphRagNodes:
         except TimeoutError:
             log.warning("graph retrieval from %r timed out after %ss; answering from chunks", collection, self._settings.node_timeout_s)
             return {"linked": [], "graph_facts": [], "graph_status": "timeout"}
+        except GraphStoreError as exc:
+            # The graph store failed (a Neo4j server gone, an engine error): the chunks
+            # still answer; the log says why the facts are missing.
+            log.warning("graph retrieval from %r failed (%s); answering from chunks", collection, exc)
+            return {"linked": [], "graph_facts": [], "graph_status": "error"}
         return {
             "linked": [link.json() for link in found.linked],
             "graph_facts": [fact.json() for fact in found.facts],

@@ -39,9 +39,10 @@ CITE = "cite"
 NO_ANSWER = "no_answer"
 """Neither retriever found anything usable: say so plainly."""
 
-GraphStatus = Literal["ok", "no_graph", "timeout"]
+GraphStatus = Literal["ok", "no_graph", "timeout", "error"]
 """How the graph side went: ``ok``, ``no_graph`` (the collection has none: the answer
-comes from chunks only) or ``timeout`` (it took longer than the node's limit)."""
+comes from chunks only), ``timeout`` (it took longer than the node's limit) or
+``error`` (the graph store failed; logged, the answer comes from chunks)."""
 
 
 class GraphRagState(TypedDict, total=False):

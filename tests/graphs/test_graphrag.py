@@ -124,6 +124,20 @@ async def test_the_issue_example_gets_both_documents(graph: Any) -> None:
     assert two_hop[0] == "Separation Certificate (Document) ISSUED_INSTEAD_BY Labour Arbitration Office (Office)"
 
 
+async def test_a_failing_graph_store_leaves_the_chunks_to_answer(
+    knowledge: tuple[KnowledgeBase, KnowledgeGraph], tmp_path: Path
+) -> None:
+    kb, _ = knowledge
+    broken = KnowledgeGraph(LadybugStore(tmp_path / "graph"), kb, GraphSettings())
+    await broken.store.aclose()  # every call now fails with GraphStoreError
+    deps = GraphDeps(graph_id="graphrag", model=_model(), models=_NoModels(), knowledge=kb, graph=broken)
+    compiled = make_graph(deps).compile(checkpointer=InMemorySaver(), interrupt_before=["generate", "no_answer"])
+    state = await _state(compiled, QUESTION, RunContext(collection="city"), thread="broken")
+    values = state.values
+    assert values["graph_status"] == "error" and values["facts"] == []
+    assert values["sources"] and state.next == ("generate",)
+
+
 async def test_a_collection_without_a_graph_answers_from_its_chunks(graph: Any) -> None:
     state = await _state(graph, QUESTION, RunContext(collection="plain"))
     values = state.values
