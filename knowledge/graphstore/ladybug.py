@@ -124,6 +124,10 @@ class _Graph:
     conn: ladybug.Connection
     ontology: Ontology
     lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held by the engine call running on the connection (and by closing it)."""
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Waited for before a call goes to a worker thread, so waiting callers do not
+    hold the default executor's threads (the embedder's and vector store's too)."""
     closed: bool = False
 
     @property
@@ -265,7 +269,15 @@ class LadybugStore:
             finally:
                 graph.lock.release()
 
-        return await _engine(graph.name, run)
+        try:
+            async with asyncio.timeout(self._timeout):
+                await graph.turn.acquire()
+        except TimeoutError:
+            raise GraphStoreError(f"collection {graph.name!r}: the graph is busy (waited {self._timeout:g} s)") from None
+        try:
+            return await _engine(graph.name, run)
+        finally:
+            graph.turn.release()
 
     # ---- collections ---------------------------------------------------------------------------
 

@@ -136,7 +136,7 @@ class Neo4jStore:
         """Held for every call on a server without transactions worth the name."""
         self._ontologies: dict[str, Ontology] = {}
         self._schema_done: set[str] = set()
-        self._write_locks: dict[str, asyncio.Lock] = {}
+        self._write_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._closed = False
         self._closing: asyncio.Task[None] | None = None
 
@@ -352,8 +352,20 @@ class Neo4jStore:
             return
         self._closing = loop.create_task(self._driver.close())
 
-    def _write_lock(self, collection: str) -> asyncio.Lock:
-        return self._write_locks.setdefault(collection, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _write_lock(self, collection: str) -> AsyncIterator[None]:
+        """One writer per collection in this process; the lock is dropped once nobody
+        holds or waits for it (collection names come from clients: no entry may
+        outlive them)."""
+        lock, users = self._write_locks.setdefault(collection, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._write_locks[collection]
 
     # ---- documents -------------------------------------------------------------------------------
 

@@ -536,6 +536,27 @@ async def test_concurrent_writers_and_readers(store: GraphStore, name: Callable[
     await asyncio.gather(*(store.delete_document(c, f"d{i}") for i in range(0, 12, 2)), *(writer(i) for i in range(1, 12, 2)))
     stats = await store.stats(c)
     assert stats.documents == 6 and stats.entities["Office"] == 6 and stats.relations["HANDLED_BY"] == 6
+    if isinstance(store, Neo4jStore):
+        assert store._write_locks == {}  # per-collection locks do not outlive their users
+
+
+async def test_calls_waiting_for_a_collection_hold_no_worker_thread(tmp_path: Path) -> None:
+    """Calls queued on one embedded collection wait on the event loop, not on the
+    default executor's threads, which the embedder and vector store use too."""
+    store = LadybugStore(tmp_path / "graph")
+    try:
+        await store.bind("c", ONTOLOGY)
+        offices = [ent("Office", f"Office {i}") for i in range(3000)]
+        big = doc("big", [(CERT, "ISSUED_INSTEAD_BY", o) for o in offices], chunks=30, chunk_of=lambda i: i % 30)
+        write = asyncio.create_task(store.write_document("c", big))
+        readers = [asyncio.create_task(store.stats("c")) for _ in range(40)]
+        await asyncio.sleep(0.01)
+        await asyncio.to_thread(lambda: None)
+        assert not write.done()  # the executor was free while the write ran
+        await write
+        await asyncio.gather(*readers)
+    finally:
+        await store.aclose()
 
 
 async def test_cancelled_write_leaves_a_whole_graph(store: GraphStore, name: Callable[[str], str]) -> None:
