@@ -128,6 +128,9 @@ class GraphReport(BaseModel):
     """Documents whose graph was written."""
     skipped: int = 0
     """Documents whose graph was already written from their current version (extraction)."""
+    removed: int = 0
+    """Documents the graph held that the knowledge base no longer has, whose facts were
+    removed (an extraction of every document: ``doc_ids`` None)."""
     chunks: int = 0
     """Chunks extracted (extraction), or curated lines read (import)."""
     failed_chunks: int = 0
@@ -187,6 +190,7 @@ class _Tally:
         self.relations: set[tuple[str, str, str]] = set()
         self.documents = 0
         self.skipped = 0
+        self.removed = 0
         self.chunks = 0
         self.failed_chunks = 0
 
@@ -206,6 +210,7 @@ class _Tally:
             ontology=ontology.describe(),
             documents=self.documents,
             skipped=self.skipped,
+            removed=self.removed,
             chunks=self.chunks,
             failed_chunks=self.failed_chunks,
             entities=dict(sorted(Counter(self.entities.values()).items())),
@@ -280,6 +285,16 @@ class KnowledgeGraph:
         self.gateway = gateway
         self.retriever = GraphRetriever(store, knowledge, settings.retrieval)
         self._writing: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._calls: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    def _model_calls(self) -> asyncio.Semaphore:
+        """The bound on extraction's model calls in flight, shared by every extraction
+        of this graph (``extraction.concurrency`` is what the model server can take,
+        not what one request may ask): one per event loop, as a semaphore is."""
+        loop = asyncio.get_running_loop()
+        if self._calls is None or self._calls[0] is not loop:
+            self._calls = (loop, asyncio.Semaphore(self.settings.extraction.concurrency))
+        return self._calls[1]
 
     @contextlib.asynccontextmanager
     async def _lock(self, collection: str) -> AsyncIterator[None]:
@@ -355,6 +370,10 @@ class KnowledgeGraph:
             progress: called with (chunks done, chunks to do) after each chunk.
             force: extract documents whose graph is already up to date too.
 
+        With ``doc_ids`` None the graph is also reconciled with the knowledge base:
+        documents it holds that the knowledge base no longer has lose their facts
+        (``removed``), which repairs a removal the knowledge base's hook could not do.
+
         Returns:
             The counts; chunks that failed and items that were dropped are in it, not raised.
 
@@ -388,9 +407,11 @@ class KnowledgeGraph:
                 tally.skipped += 1
             else:
                 todo.append(entry)
+        if doc_ids is None:
+            await self._remove_gone(collection, sorted(set(graph_docs) - set(stored_docs)), tally)
         total = sum(e.chunks for e in todo)
         done = 0
-        semaphore = asyncio.Semaphore(self.settings.extraction.concurrency)
+        semaphore = self._model_calls()
 
         async def one(chunk: _Chunk) -> ChunkExtraction:
             nonlocal done
@@ -406,7 +427,14 @@ class KnowledgeGraph:
             if read is None:
                 return  # deleted meanwhile
             live, chunks = read
-            results = await asyncio.gather(*(one(c) for c in chunks))
+            # A task group, not gather: when one chunk's work fails unexpectedly the
+            # others' model calls are cancelled, not left running after we return.
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(one(c)) for c in chunks]
+            except BaseExceptionGroup as failed:
+                raise failed.exceptions[0]  # noqa: B904  (as itself: see below)
+            results = [t.result() for t in tasks]
             tally.chunks += len(results)
             failed = sum(1 for r in results if r.failed)
             tally.failed_chunks += failed
@@ -455,7 +483,7 @@ class KnowledgeGraph:
             # The first failure as itself (a GraphStoreError stays a 503), as a run of
             # one document at a time would raise it; the other documents were cancelled.
             raise failed.exceptions[0]  # noqa: B904
-        if tally.documents:
+        if tally.documents or tally.removed:
             async with self._lock(collection):
                 await self._prune_companion(collection)
         report = tally.report(collection, ontology, started)
@@ -465,6 +493,21 @@ class KnowledgeGraph:
             sum(report.entities.values()), sum(report.relations.values()), report.invalid or "none",
         )
         return report
+
+    async def _remove_gone(self, collection: str, doc_ids: Sequence[str], tally: _Tally) -> None:
+        """Remove the facts of graph documents the knowledge base does not have (the
+        companion is pruned by the caller)."""
+        if not doc_ids:
+            return
+        async with self._lock(collection):
+            for doc_id in doc_ids:
+                # Checked again under the lock: one ingested (and extracted by another
+                # request) since the listing is not gone.
+                if await self.knowledge.store.document(collection, doc_id) is not None:
+                    continue
+                if await self.store.delete_document(collection, doc_id):
+                    tally.removed += 1
+                    log.info("graph %s: removed the facts of %s, which the knowledge base no longer has", collection, doc_id)
 
     async def _chunks(self, collection: str, doc_id: str) -> tuple[str, list[_Chunk]] | None:
         """The document's live version and its chunks in order, or None if it is gone."""
@@ -629,8 +672,15 @@ class KnowledgeGraph:
                 chunk_ids = [c.chunk_id for c in chunks]
                 first = [chunk_ids[0]]
                 old_entities, old_mentions, old_relations = await self._document_graph(collection, chunk_ids, mentions)
+                # Looked up now, not once before the loop: an entity an earlier
+                # document of this import wrote (an alias it declared) is the graph's.
+                doc_names = [n for e in entities if e.source == doc_id for n in (e.item.name, *e.item.aliases)]
+                doc_names += [
+                    n for r, a, b in resolved if r.source == doc_id for n in (a.name, *a.aliases, b.name, *b.aliases)
+                ]
+                now_stored = await self._stored_entities(collection, doc_names)
                 builder = DocumentGraphBuilder(
-                    doc_id=doc_id, content_hash=version, chunk_ids=chunk_ids, stored=[*stored, *old_entities]
+                    doc_id=doc_id, content_hash=version, chunk_ids=chunk_ids, stored=[*now_stored, *old_entities]
                 )
                 handles = {e.id: builder.add_entity(_entity_item(e), old_mentions[e.id], known=e) for e in old_entities}
                 for relation in old_relations:

@@ -15,6 +15,11 @@ passes the ontology or is dropped with one reason from `INVALID_REASONS`:
   normalised (`normalise_name`);
 - ``name_too_long``: a name or alias longer than `MAX_NAME_CHARS`;
 - ``bad_property``: a property (or ``aliases``, ``description``) of the wrong kind;
+- ``bad_name``: a name, alias, relation end, description or string property that
+  holds a control character (C0 other than tab, line feed and carriage return,
+  DEL, C1): such text is an artefact (a NUL, a terminal escape), never a name,
+  and shown back it could rewrite a terminal. Tabs and line breaks inside a name
+  or alias become single spaces (a name is one line);
 - ``unknown_document``: a curated item whose ``source`` is not a document of the
   collection;
 - ``bad_json``: a model answer or a line that is not a JSON object;
@@ -26,6 +31,7 @@ Invalid items are counted and reported, never written.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -55,6 +61,7 @@ InvalidReason = Literal[
     "empty_name",
     "name_too_long",
     "bad_property",
+    "bad_name",
     "unknown_document",
     "bad_json",
     "missing_field",
@@ -69,6 +76,7 @@ INVALID_REASONS: Final[tuple[InvalidReason, ...]] = (
     "empty_name",
     "name_too_long",
     "bad_property",
+    "bad_name",
     "unknown_document",
     "bad_json",
     "missing_field",
@@ -131,12 +139,29 @@ def _problem(where: str, reason: InvalidReason, detail: str) -> Problem:
     return Problem(where=where, reason=reason, detail=detail)
 
 
+# C0 controls but tab, line feed and carriage return; DEL; C1.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_LINE_BREAKS = re.compile(r"[ ]*[\t\r\n][\t\r\n ]*")
+
+
+def _control(text: str, field_name: str, where: str) -> Problem | None:
+    """The `Problem` of text holding a control character (see ``bad_name``)."""
+    found = _CONTROL.search(text)
+    if found is None:
+        return None
+    return _problem(where, "bad_name", f"{field_name} holds a control character (U+{ord(found.group()):04X})")
+
+
 def _name(value: object, field_name: str, where: str) -> str | Problem:
     if value is None:
         return _problem(where, "missing_field", f"{field_name} is missing")
     if not isinstance(value, str):
         return _problem(where, "bad_property", f"{field_name} must be a string, got {type(value).__name__}")
-    name = value.strip()
+    control = _control(value, field_name, where)
+    if control is not None:
+        return control
+    # A line break inside a name (a model copying a wrapped line) is a space.
+    name = _LINE_BREAKS.sub(" ", value).strip()
     if not normalise_name(name):
         return _problem(where, "empty_name", f"{field_name} is empty")
     if len(name) > MAX_NAME_CHARS:
@@ -172,6 +197,9 @@ def check_entity(raw: Mapping[str, object], ontology: Ontology, *, where: str) -
     description = raw.get("description") or ""
     if not isinstance(description, str):
         return _problem(where, "bad_property", f"description must be a string, got {type(description).__name__}")
+    control = _control(description, "description", where)
+    if control is not None:
+        return control
     properties_raw = raw.get("properties") or {}
     if not isinstance(properties_raw, dict):
         return _problem(where, "bad_property", f"properties must be an object, got {type(properties_raw).__name__}")
@@ -179,6 +207,10 @@ def check_entity(raw: Mapping[str, object], ontology: Ontology, *, where: str) -
         properties = ontology.check_properties(entity_type, properties_raw)
     except ValueError as exc:
         return _problem(where, "bad_property", str(exc))
+    for key, value in properties.items():
+        control = _control(value, f"property {key!r}", where) if isinstance(value, str) else None
+        if control is not None:
+            return control
     own = normalise_name(name)
     kept = tuple(dict.fromkeys(a for a in aliases if normalise_name(a) != own))
     return EntityItem(
@@ -255,6 +287,8 @@ class _Cluster:
     properties: dict[str, PropertyValue]
     chunk_ids: set[str]
     parent: int
+    stored: bool = False
+    """Its id is a stored entity's (the graph already holds it)."""
 
     def keys(self) -> set[str]:
         return {normalise_name(n) for n in self.names}
@@ -269,7 +303,9 @@ class DocumentGraphBuilder:
     documents, an entity of the same type that the graph already holds under one of
     those keys (the ``stored`` entities, from `GraphStore.find_entities`) gives its id
     and canonical name, so the store merges into it; otherwise the id is
-    `entity_id` of the type and the first name.
+    `entity_id` of the type and the first name. When an item joins entities, a
+    stored one's id and name win over a new one's (the graph must not split what
+    it holds in two); of two stored ones, the one the document named first.
     """
 
     def __init__(
@@ -303,29 +339,20 @@ class DocumentGraphBuilder:
         `add_relation`. ``known``: the stored entity it is (its id is kept as is)."""
         keys = item.keys
         found = sorted({self._root(self._by_key[(item.type, k)]) for k in keys if (item.type, k) in self._by_key})
-        if found:
-            index = found[0]
-            cluster = self._clusters[index]
-            for other in found[1:]:
+        stored = known or next((self._stored[(item.type, k)] for k in keys if (item.type, k) in self._stored), None)
+        if stored is not None and not any(self._clusters[i].id == stored.id for i in found):
+            # The item names a stored entity no cluster is yet: it takes part as one,
+            # so that joining it to a new cluster keeps the stored id.
+            found.append(self._new_cluster(stored.type, stored.id, stored.name, [stored.name, *stored.aliases], stored=True))
+        if not found:
+            found.append(self._new_cluster(item.type, entity_id(item.type, item.name), item.name, [item.name]))
+        # The first stored cluster, else the first: its id and canonical name stay.
+        index = next((i for i in found if self._clusters[i].stored), found[0])
+        cluster = self._clusters[index]
+        for other in found:
+            if other != index:
                 self._merge(index, other)
-            cluster.names.extend(n for n in (item.name, *item.aliases) if normalise_name(n) not in cluster.keys())
-        else:
-            stored = known or next((self._stored[(item.type, k)] for k in keys if (item.type, k) in self._stored), None)
-            if stored is not None:
-                names = [stored.name, *stored.aliases]
-                seen = {normalise_name(n) for n in names}
-                names.extend(n for n in (item.name, *item.aliases) if normalise_name(n) not in seen)
-                cluster = _Cluster(
-                    type=item.type, id=stored.id, name=stored.name, names=names, description="", properties={},
-                    chunk_ids=set(), parent=len(self._clusters),
-                )
-            else:
-                cluster = _Cluster(
-                    type=item.type, id=entity_id(item.type, item.name), name=item.name, names=[item.name, *item.aliases],
-                    description="", properties={}, chunk_ids=set(), parent=len(self._clusters),
-                )
-            index = len(self._clusters)
-            self._clusters.append(cluster)
+        cluster.names.extend(n for n in (item.name, *item.aliases) if normalise_name(n) not in cluster.keys())
         if item.description:
             cluster.description = item.description
         cluster.properties.update(item.properties)
@@ -333,6 +360,15 @@ class DocumentGraphBuilder:
         for key in cluster.keys():
             self._by_key[(item.type, key)] = index
         return index
+
+    def _new_cluster(self, entity_type: str, cluster_id: str, name: str, names: list[str], *, stored: bool = False) -> int:
+        self._clusters.append(
+            _Cluster(
+                type=entity_type, id=cluster_id, name=name, names=names, description="", properties={},
+                chunk_ids=set(), parent=len(self._clusters), stored=stored,
+            )
+        )
+        return len(self._clusters) - 1
 
     def _merge(self, keep: int, other: int) -> None:
         into, gone = self._clusters[keep], self._clusters[other]

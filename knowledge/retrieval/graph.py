@@ -63,6 +63,15 @@ MAX_NGRAM: Final = 6
 MAX_QUESTION_WORDS: Final = 200
 """Words of a question used for linking (the n-grams of a longer one are not all looked up)."""
 
+MAX_NAME_LINKS: Final = 100
+"""Most entities a question links by name or alias (the longest names first); the
+store is asked in batches of this many, and a batch that fills is split (a name
+many entities share cannot crowd out another the question names)."""
+
+_MAX_LINK_QUERIES: Final = 64
+"""Store calls after which a linking splits no more full batches (each is then taken
+as it is), so a question of many shared names costs at most about twice this many."""
+
 EXACT_SCORE: Final = 1.0
 ALIAS_SCORE: Final = 0.9
 
@@ -349,7 +358,7 @@ class GraphRetriever:
         ngrams = question_ngrams(question)
         found: dict[str, LinkedEntity] = {}
         if ngrams:
-            for entity in await self.store.find_entities(collection, list(ngrams), limit=100):
+            for entity in await self._named(collection, list(ngrams)):
                 canonical = normalise_name(entity.name)
                 # The longest run of words that names it (ngrams are longest first).
                 key = next((k for k in ngrams if k in entity.keys), None)
@@ -360,10 +369,36 @@ class GraphRetriever:
                                       mention=ngrams[key])
                 if entity.id not in found or found[entity.id].score < linked.score:
                     found[entity.id] = linked
+        if len(found) > MAX_NAME_LINKS:
+            # The longest mentions first (a run of words naming an entity says more
+            # than one of its words), then the better link.
+            best = sorted(
+                found.values(), key=lambda e: (-len(e.mention.split()), -e.score, e.entity.type, e.entity.name, e.entity.id)
+            )
+            found = {e.entity.id: e for e in best[:MAX_NAME_LINKS]}
         for entity, relevance in await self.by_meaning(collection, question, query=query):
             if entity.id not in found:
                 found[entity.id] = LinkedEntity(entity=entity, how="vector", score=relevance, mention=question)
         return sorted(found.values(), key=lambda e: (-e.score, e.entity.type, e.entity.name, e.entity.id))
+
+    async def _named(self, collection: str, names: Sequence[str]) -> list[Entity]:
+        """Every entity whose name or alias is one of ``names``. `GraphStore.find_entities`
+        sorts its matches and keeps the first ``limit``: a batch that comes back full
+        may have lost some, so it is asked again in halves (a single name that fills
+        a batch keeps its first `MAX_NAME_LINKS`)."""
+        found: dict[str, Entity] = {}
+        pending = [list(names)]
+        calls = 0
+        while pending:
+            batch = pending.pop()
+            entities = await self.store.find_entities(collection, batch, limit=MAX_NAME_LINKS)
+            calls += 1
+            if len(entities) >= MAX_NAME_LINKS and len(batch) > 1 and calls < _MAX_LINK_QUERIES:
+                half = len(batch) // 2
+                pending += [batch[half:], batch[:half]]  # the first half (longer names) next
+                continue
+            found.update((e.id, e) for e in entities)
+        return list(found.values())
 
     async def by_meaning(
         self, collection: str, text: str, *, query: Sequence[float] | None = None

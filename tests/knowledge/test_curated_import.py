@@ -163,6 +163,22 @@ async def test_relation_ends_may_be_entities_the_graph_holds(graph: KnowledgeGra
     assert facts[0].source.aliases == ("leaving paper",)
 
 
+async def test_an_alias_one_document_declares_joins_another_documents_name_in_the_same_import(graph: KnowledgeGraph) -> None:
+    # benefit.md comes first: its "LAO" is the office certificate.md declares, as
+    # it would be were the two imported one after the other.
+    lines = _lines(
+        {"kind": "entity", "type": "Office", "name": "Labour Arbitration Office", "aliases": ["LAO"], "source": "certificate.md"},
+        {"kind": "entity", "type": "Office", "name": "LAO", "source": "benefit.md"},
+        {"kind": "entity", "type": "Office", "name": "Labour Arbitration Office", "source": "certificate.md"},
+    )
+    report = await graph.import_facts("city", lines, ontology=ONTOLOGY)
+    assert report.invalid == {} and report.entities == {"Office": 1}
+    assert (await graph.stats("city")).entities["Office"] == 1
+    (office,) = (await graph.neighbors("city", "LAO")).matched
+    mentions = await graph.store.mentions("city", [office.id])
+    assert {c.split("#")[0] for c in mentions[office.id]} == {"benefit.md", "certificate.md"}
+
+
 async def test_an_import_adds_to_what_the_document_has_and_is_idempotent(graph: KnowledgeGraph) -> None:
     first = _lines(
         {"kind": "entity", "type": "Procedure", "name": "Unemployment Benefit", "source": "benefit.md"},

@@ -59,6 +59,15 @@ def test_a_valid_entity() -> None:
     assert item.where == "line 1"
 
 
+def test_line_breaks_in_a_name_are_spaces_and_kept_in_a_description() -> None:
+    item = check_entity(
+        {"type": "Office", "name": "Labour\r\nArbitration \tOffice", "aliases": ["L.A.\nO."], "description": "One.\nTwo."},
+        ONTOLOGY, where="line 1",
+    )
+    assert isinstance(item, EntityItem)
+    assert (item.name, item.aliases, item.description) == ("Labour Arbitration Office", ("L.A. O.",), "One.\nTwo.")
+
+
 @pytest.mark.parametrize(
     ("raw", "reason", "detail"),
     [
@@ -74,6 +83,11 @@ def test_a_valid_entity() -> None:
         ({"type": "Office", "name": "X", "properties": {"address": 4}}, "bad_property", "'address' of Office must be a string"),
         ({"type": "Office", "name": "X", "properties": ["address"]}, "bad_property", "properties must be an object"),
         ({"type": "Office", "name": "X", "description": 5}, "bad_property", "description"),
+        ({"type": "Office", "name": "Lab\x00our"}, "bad_name", "name holds a control character (U+0000)"),
+        ({"type": "Office", "name": "\x1b[31mRed"}, "bad_name", "U+001B"),
+        ({"type": "Office", "name": "X", "aliases": ["ok", "b\x85"]}, "bad_name", "aliases[1]"),
+        ({"type": "Office", "name": "X", "description": "Desk\x07."}, "bad_name", "description"),
+        ({"type": "Office", "name": "X", "properties": {"address": "1\x7f A St"}}, "bad_name", "address"),
     ],
 )
 def test_invalid_entities(raw: dict[str, object], reason: str, detail: str) -> None:
@@ -91,6 +105,7 @@ def test_invalid_entities(raw: dict[str, object], reason: str, detail: str) -> N
         ({"type": "ISSUED_BY", "to": "b"}, "missing_field"),
         ({"type": "ISSUED_BY", "from": "a", "to": ""}, "empty_name"),
         ({"type": "ISSUED_BY", "from": "a" * 300, "to": "b"}, "name_too_long"),
+        ({"type": "ISSUED_BY", "from": "a", "to": "b\x00"}, "bad_name"),
     ],
 )
 def test_invalid_relations(raw: dict[str, object], reason: str) -> None:
@@ -159,6 +174,38 @@ def test_resolution_against_the_graph() -> None:
     assert set(office.aliases) == {"LAO", "Arbitration Office"}
     organisation = next(e for e in graph.entities if e.type == "Organisation")
     assert organisation.id == entity_id("Organisation", "LAO")
+
+
+def test_a_stored_entity_keeps_its_id_when_an_item_joins_it_to_a_new_one() -> None:
+    # "LAO" alone is not a key of the stored office; "Labour Arbitration Office" is;
+    # the third item names both, so the three are one entity: the stored one.
+    stored = Entity(id=entity_id("Office", "Labour Arbitration Office"), type="Office", name="Labour Arbitration Office")
+    builder = DocumentGraphBuilder(doc_id="d", content_hash="h", chunk_ids=["d#0", "d#1", "d#2"], stored=[stored])
+    builder.add_entity(EntityItem(type="Office", name="LAO"), ["d#0"])
+    builder.add_entity(EntityItem(type="Office", name="Labour Arbitration Office"), ["d#1"])
+    builder.add_entity(EntityItem(type="Office", name="Labour Arbitration Office", aliases=("LAO",)), ["d#2"])
+    (office,) = builder.build().entities
+    assert office.id == stored.id and office.name == "Labour Arbitration Office" and office.aliases == ("LAO",)
+    # An item naming a new entity and a stored one at once joins the stored one too.
+    builder = DocumentGraphBuilder(doc_id="d", content_hash="h", chunk_ids=["d#0", "d#1"], stored=[stored])
+    builder.add_entity(EntityItem(type="Office", name="LAO"), ["d#0"])
+    builder.add_entity(EntityItem(type="Office", name="LAO", aliases=("labour arbitration office",)), ["d#1"])
+    graph = builder.build()
+    assert [(e.id, e.name, e.aliases) for e in graph.entities] == [(stored.id, "Labour Arbitration Office", ("LAO",))]
+    assert {m.chunk_id for m in graph.mentions} == {"d#0", "d#1"}
+
+
+def test_two_stored_entities_an_item_joins_keep_the_first_id() -> None:
+    first = Entity(id=entity_id("Office", "Labour Office"), type="Office", name="Labour Office")
+    second = Entity(id=entity_id("Office", "Arbitration Office"), type="Office", name="Arbitration Office")
+    for order in ([first, second], [second, first]):
+        builder = DocumentGraphBuilder(doc_id="d", content_hash="h", chunk_ids=["d#0"], stored=order)
+        builder.add_entity(EntityItem(type="Office", name="Arbitration Office"), ["d#0"])
+        builder.add_entity(EntityItem(type="Office", name="Labour Office"), ["d#0"])
+        builder.add_entity(EntityItem(type="Office", name="Labour Office", aliases=("Arbitration Office",)), ["d#0"])
+        # The first cluster the document made keeps its stored id, whatever order the
+        # graph gave them in.
+        assert [e.id for e in builder.build().entities] == [second.id]
 
 
 def test_chunks_of_another_document_are_refused() -> None:

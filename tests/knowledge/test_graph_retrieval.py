@@ -223,3 +223,26 @@ async def test_a_chunk_the_vector_store_lost_is_left_out_of_the_sources(city: Kn
     found = await city.retrieve("city", "Who issues the Resident Card?")
     fact = next(f for f in found.facts if f.fact.relation == "ISSUED_BY")
     assert fact.fact.chunk_ids == ("card.md#0",) and fact.sources == ()
+
+
+@pytest.mark.integration
+async def test_a_name_many_entities_share_does_not_crowd_out_an_exact_match(tmp_path: Path, embedder: LocalEmbedder) -> None:
+    # A question naming 120 forms (Documents, which sort before any Procedure): the
+    # store's first hundred answers to its words would hold none of the procedures.
+    vectors = EdgeStore(tmp_path / "vectors")
+    knowledge = KnowledgeBase(vectors, embedder, KnowledgeSettings())
+    await knowledge.ingest("city", DOCUMENTS[:1])
+    graph = KnowledgeGraph(LadybugStore(tmp_path / "graph"), knowledge, GraphSettings())
+    try:
+        forms = [f"F{i:03d}" for i in range(120)]
+        lines = [json.dumps({"kind": "entity", "type": "Document", "name": f, "source": "benefit.md"}) for f in forms]
+        lines.append(json.dumps(CURATED[0]))
+        report = await graph.import_facts("city", lines, ontology=ONTOLOGY)
+        assert report.invalid == {} and report.entities == {"Document": 120, "Procedure": 1}
+        found = await graph.retriever.link("city", f"Does the unemployment benefit need {' '.join(forms)}?")
+        named = [(e.entity.name, e.how) for e in found if e.how != "vector"]
+        assert ("Unemployment Benefit", "exact") in named
+        assert len(named) == 100  # the longest names first, at most a hundred
+    finally:
+        await graph.aclose()
+        await vectors.aclose()

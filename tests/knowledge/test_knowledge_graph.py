@@ -8,6 +8,7 @@ directory; the model is the real llama.cpp server or the scripted benchmark back
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -307,13 +308,30 @@ GOOD_ANSWER = {
 
 
 @contextmanager
-def fake_extraction_backend(answers_all: list[bool]) -> Iterator[str]:
+def fake_extraction_backend(
+    answers_all: list[bool], *, stall_s: float = 0.0, calls: dict[str, int] | None = None
+) -> Iterator[str]:
     """FAKE: answers `GOOD_ANSWER` for a chunk about the benefit (or any chunk while
-    ``answers_all[0]``), text that is not JSON otherwise. Yields its ``/v1`` URL."""
+    ``answers_all[0]``), text that is not JSON otherwise. A chunk not about the
+    benefit is answered after ``stall_s`` seconds. ``calls`` (if given) counts
+    ``started``, ``answered`` and the most requests in flight at once (``most``).
+    Yields its ``/v1`` URL."""
+    counts = calls if calls is not None else {}
+    for key in ("started", "answered", "in_flight", "most"):
+        counts.setdefault(key, 0)
 
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
         text = body["messages"][-1]["content"]
+        counts["started"] += 1
+        counts["in_flight"] += 1
+        counts["most"] = max(counts["most"], counts["in_flight"])
+        try:
+            if stall_s and "benefit" not in text.lower():
+                await asyncio.sleep(stall_s)
+        finally:
+            counts["in_flight"] -= 1
+        counts["answered"] += 1
         content = json.dumps(GOOD_ANSWER) if answers_all[0] or "benefit" in text.lower() else "I cannot help with that."
         return JSONResponse({
             "id": "fake", "object": "chat.completion", "created": 0, "model": body["model"],
@@ -405,6 +423,87 @@ async def test_documents_are_extracted_concurrently(tmp_path: Path, knowledge: K
 
             with pytest.raises(KnowledgeError, match="stopped by the caller"):
                 await graph.extract("city", force=True, progress=interrupted)
+        finally:
+            await graph.aclose()
+            await gateway.aclose()
+
+
+async def test_an_unexpected_failure_stops_the_other_chunks_model_calls(tmp_path: Path, knowledge: KnowledgeBase) -> None:
+    three = Document(
+        id="guide.md", format="markdown", source="guide.md",
+        text="# Guide\n\n## Benefit\n\nThe unemployment benefit requires a Separation Certificate.\n\n"
+        "## Weather\n\nIt rains a lot in Verrin.\n\n## Trams\n\nThe trams run all night in Verrin.\n",
+    )
+    await knowledge.ingest("city", [three])
+    assert (await knowledge.store.document("city", "guide.md")).chunks == 3  # type: ignore[union-attr]
+    calls: dict[str, int] = {}
+    with fake_extraction_backend([True], stall_s=1.0, calls=calls) as url:
+        gateway = ModelGateway(load_registry(_scripted_models(tmp_path / "models.yaml", url)))
+        settings = GraphSettings(extraction=ExtractionSettings(concurrency=3))
+        graph = KnowledgeGraph(LadybugStore(tmp_path / "graph"), knowledge, settings, gateway)
+        try:
+            progressed: list[int] = []
+
+            def interrupted(done: int, total: int) -> None:
+                progressed.append(done)
+                raise KnowledgeError("stopped by the caller")
+
+            with pytest.raises(KnowledgeError, match="stopped by the caller"):
+                await graph.extract("city", ["guide.md"], ontology=ONTOLOGY, progress=interrupted)
+            # The two stalled chunks' calls were cancelled with the extraction, not
+            # left running to report progress (and fail again) after it returned.
+            await asyncio.sleep(1.5)
+            assert progressed == [1] and calls["started"] >= 1
+            assert await graph.store.documents("city") == {}
+        finally:
+            await graph.aclose()
+            await gateway.aclose()
+
+
+async def test_concurrent_extractions_share_the_model_call_bound(tmp_path: Path, knowledge: KnowledgeBase) -> None:
+    more = [
+        Document(id=f"weather-{i}.md", format="markdown", source=f"weather-{i}.md", text=f"# Weather {i}\n\nIt rains ({i}).\n")
+        for i in range(4)
+    ]
+    await knowledge.ingest("city", more)
+    calls: dict[str, int] = {}
+    with fake_extraction_backend([True], stall_s=0.3, calls=calls) as url:
+        gateway = ModelGateway(load_registry(_scripted_models(tmp_path / "models.yaml", url)))
+        settings = GraphSettings(extraction=ExtractionSettings(concurrency=2))
+        graph = KnowledgeGraph(LadybugStore(tmp_path / "graph"), knowledge, settings, gateway)
+        try:
+            await graph.bind("city", ONTOLOGY)
+            reports = await asyncio.gather(
+                graph.extract("city", ["weather-0.md", "weather-1.md"]), graph.extract("city", ["weather-2.md", "weather-3.md"])
+            )
+            assert [r.documents for r in reports] == [2, 2] and calls["started"] == 4
+            # ``concurrency`` bounds the model calls of this graph, not of each request.
+            assert calls["most"] == 2
+        finally:
+            await graph.aclose()
+            await gateway.aclose()
+
+
+async def test_extracting_every_document_removes_the_facts_of_documents_gone(tmp_path: Path, knowledge: KnowledgeBase) -> None:
+    with fake_extraction_backend([True]) as url:
+        gateway = ModelGateway(load_registry(_scripted_models(tmp_path / "models.yaml", url)))
+        graph = KnowledgeGraph(LadybugStore(tmp_path / "graph"), knowledge, GraphSettings(), gateway)
+        try:
+            await _imported(graph)
+            # No hook wired (as when it failed): the graph keeps a deleted document's facts...
+            await knowledge.delete("city", "certificate.md")
+            assert sorted(await graph.store.documents("city")) == ["benefit.md", "certificate.md"]
+            # ...and an extraction of named documents leaves them be...
+            named = await graph.extract("city", ["benefit.md"])
+            assert named.skipped == 1 and named.removed == 0
+            # ...but one of every document removes them, and their entities' companion points.
+            report = await graph.extract("city")
+            assert report.removed == 1 and report.skipped == 1 and report.documents == 0
+            assert sorted(await graph.store.documents("city")) == ["benefit.md"]
+            assert await graph.store.find_entities("city", ["Labour Arbitration Office"]) == []
+            companion = await knowledge.store.documents(entities_collection("city"))
+            assert len(companion) == 3  # benefit.md's benefit, certificate and office
+            assert (await graph.extract("city")).removed == 0
         finally:
             await graph.aclose()
             await gateway.aclose()
