@@ -12,7 +12,7 @@ from knowledge.graphstore.base import (
     Relation,
     entity_id,
 )
-from knowledge.graphstore.ladybug import LadybugStore
+from knowledge.graphstore.ladybug import GraphStoreLockedError, LadybugStore
 from knowledge.graphstore.neo4j import Neo4jStore
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "Fact",
     "GraphStats",
     "GraphStore",
+    "GraphStoreLockedError",
     "LadybugStore",
     "Mention",
     "Neo4jStore",

@@ -485,7 +485,9 @@ class Neo4jStore:
             seen: set[tuple[str, str, str]] = set()
             facts: list[Fact] = []
             for hop in range(1, hops + 1):
-                edges = await _edges(tx, collection, ontology, frontier)
+                # Per entity, the fanout plus the relations already taken (which
+                # `expand_hop` skips) is all a hop can use.
+                edges = await _edges(tx, collection, ontology, frontier, fanout + len(seen))
                 found, frontier = expand_hop(frontier, edges, hop=hop, fanout=fanout, seen=seen, visited=visited)
                 facts.extend(found)
                 if not frontier or len(facts) >= limit:
@@ -601,11 +603,12 @@ async def _load_entities(tx: _Tx, collection: str, ontology: Ontology, ids: list
     return {e.id: e for e in (_entity(r["node"], r["labels"], ontology) for r in rows)}
 
 
-async def _edges(tx: _Tx, collection: str, ontology: Ontology, ids: list[str]) -> list[Edge]:
+async def _edges(tx: _Tx, collection: str, ontology: Ontology, ids: list[str], cap: int) -> list[Edge]:
+    """The relations touching ``ids``, at most ``cap`` per entity (in `expand_hop`'s order)."""
     if not ids:
         return []
     edges = []
-    for row in await (await tx.run(q.EDGES, collection=collection, ids=ids)).data():
+    for row in await (await tx.run(q.EDGES, collection=collection, ids=ids, cap=cap)).data():
         a = _entity(row["a"], row["a_labels"], ontology)
         b = _entity(row["b"], row["b_labels"], ontology)
         source, target = (a, b) if row["outgoing"] else (b, a)

@@ -492,6 +492,32 @@ async def test_k_hop_expansion_with_fanout_limit_and_order(store: GraphStore, na
             await store.neighbors(c, [BENEFIT.id], **bad)  # type: ignore[arg-type]
 
 
+async def test_fanout_with_a_hub_counts_only_fresh_relations(store: GraphStore, name: Callable[[str], str]) -> None:
+    """A hub's relations beyond the fan-out are not needed (the Neo4j store reads at
+    most fanout plus the relations already taken per entity); a relation taken at an
+    earlier hop does not use up an entity's fan-out at the next."""
+    c = name("hub")
+    await store.bind(c, ONTOLOGY)
+    docs = [ent("Document", f"Form {i:02d}") for i in range(40)]
+    offices = [ent("Office", f"Desk {i:02d}") for i in range(40)]
+    facts = [(BENEFIT, "REQUIRES", d) for d in docs] + [(d, "ISSUED_BY", o) for d, o in zip(docs, offices)]
+    await store.write_document(c, doc("a", facts))
+    found = await store.neighbors(c, [BENEFIT.id], hops=2, fanout=3, limit=100)
+    assert triples(found) == [
+        *[("Unemployment Benefit", "REQUIRES", f"Form {i:02d}", 1) for i in range(3)],
+        *[(f"Form {i:02d}", "ISSUED_BY", f"Desk {i:02d}", 2) for i in range(3)],
+    ]
+    # From the far end: each office's one relation, then the hub's first three.
+    back = await store.neighbors(c, [offices[39].id, offices[38].id], hops=3, fanout=3, limit=100)
+    assert triples(back) == [
+        ("Form 38", "ISSUED_BY", "Desk 38", 1),
+        ("Form 39", "ISSUED_BY", "Desk 39", 1),
+        ("Unemployment Benefit", "REQUIRES", "Form 38", 2),
+        ("Unemployment Benefit", "REQUIRES", "Form 39", 2),
+        *[("Unemployment Benefit", "REQUIRES", f"Form {i:02d}", 3) for i in range(3)],
+    ]
+
+
 async def test_ontology_without_relations(store: GraphStore, name: Callable[[str], str]) -> None:
     c = name("flat")
     flat = parse_ontology("name: flat\nentity_types:\n  Thing: {properties: {weight: number, count: integer, ok: boolean}}\n")
