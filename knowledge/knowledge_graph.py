@@ -41,7 +41,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -99,9 +99,6 @@ MAX_HOPS: Final = 4
 MAX_FANOUT: Final = 500
 MAX_LIMIT: Final = 1000
 MAX_FACTS: Final = 200
-
-# Reading back what a document contributed asks for every relation of its entities.
-_ALL: Final = 1_000_000
 
 
 class OntologyRequiredError(KnowledgeError):
@@ -541,7 +538,7 @@ class KnowledgeGraph:
         report = await self.knowledge.ingest(companion, [_entity_document(e) for e in entities])
         if report.failed:
             # The graph is written; without these points the entities cannot be linked
-            # by meaning, nor read back by an import. Running again repairs it.
+            # by meaning (an import still reads the graph itself). Running again repairs it.
             reasons = "; ".join(sorted({e["reason"] for e in report.errors}))[:500]
             raise KnowledgeError(
                 f"the knowledge graph of {collection!r} was written, but {report.failed} entities could not be added "
@@ -565,38 +562,30 @@ class KnowledgeGraph:
 
     # ---- curated facts ---------------------------------------------------------------------
 
-    async def _all_mentions(self, collection: str) -> dict[str, tuple[str, ...]]:
-        """Entity id → the chunks that mention it, for every entity of the graph.
-
-        The port has no "read a document's graph", so a document's graph is read back
-        through the entity companion (every entity of the graph has a point there):
-        the mentions of every entity (here), then the relations of those the document
-        mentions (`_document_graph`)."""
-        ids = await self._companion_ids(collection)
-        return await self.store.mentions(collection, ids) if ids else {}
-
     async def _document_graph(
-        self, collection: str, chunk_ids: Sequence[str], mentions: Mapping[str, Sequence[str]]
+        self, collection: str, doc_id: str, chunk_ids: Sequence[str]
     ) -> tuple[list[Entity], dict[str, list[str]], list[Relation]]:
-        """What the graph holds from the document whose chunks are ``chunk_ids``: its
-        entities, which of its chunks mention each, and its relations with its own
-        chunk ids (``mentions``: `_all_mentions`)."""
-        own = set(chunk_ids)
-        mine = {e: [c for c in chunks if c in own] for e, chunks in mentions.items()}
-        mine = {e: c for e, c in mine.items() if c}
-        if not mine:
+        """What the graph holds from ``doc_id`` (`GraphStore.document_graph`), cut to
+        its current chunks ``chunk_ids``: its entities, which of those chunks mention
+        each, and its relations with those chunk ids. Read from the graph itself, not
+        the entity companion, so an entity whose companion point is missing is not
+        lost from the union an import writes."""
+        graph = await self.store.document_graph(collection, doc_id)
+        if graph is None:
             return [], {}, []
-        entities = await self.store.entities(collection, sorted(mine))
-        facts = await self.store.neighbors(collection, sorted(mine), hops=1, fanout=_ALL, limit=_ALL)
-        relations: dict[tuple[str, str, str], list[str]] = {}
-        for fact in facts:
-            chunks = [c for c in fact.chunk_ids if c in own]
-            if chunks:
-                relations[(fact.relation, fact.source.id, fact.target.id)] = chunks
+        own = set(chunk_ids)
+        mine: dict[str, list[str]] = {}
+        for mention in graph.mentions:
+            if mention.chunk_id in own:
+                mine.setdefault(mention.entity_id, []).append(mention.chunk_id)
+        relations = [
+            Relation(type=r.type, source=r.source, target=r.target, chunk_ids=tuple(c for c in r.chunk_ids if c in own))
+            for r in graph.relations
+        ]
         return (
-            entities,
+            [e for e in graph.entities if e.id in mine],
             mine,
-            [Relation(type=t, source=s, target=d, chunk_ids=tuple(c)) for (t, s, d), c in sorted(relations.items())],
+            [r for r in relations if r.chunk_ids and r.source in mine and r.target in mine],
         )
 
     async def import_facts(
@@ -653,12 +642,11 @@ class KnowledgeGraph:
             else:
                 resolved.append((relation, *ends))
         # The whole write phase under the collection's lock (no model calls here): the
-        # graph's mentions are read once, and the documents' graphs read back from them
-        # are not changed by another writer meanwhile. A document replaced or deleted
-        # meanwhile has its facts removed after this, by the knowledge base's hook.
+        # documents' graphs read back are not changed by another writer meanwhile. A
+        # document replaced or deleted meanwhile has its facts removed after this, by
+        # the knowledge base's hook.
         written: set[str] = set()
         async with self._lock(collection):
-            mentions = await self._all_mentions(collection)
             for doc_id in sorted({e.source for e in entities} | {r.source for r, _, _ in resolved}):
                 read = await self._chunks(collection, doc_id)
                 if read is None or not read[1]:
@@ -671,7 +659,7 @@ class KnowledgeGraph:
                 version, chunks = read
                 chunk_ids = [c.chunk_id for c in chunks]
                 first = [chunk_ids[0]]
-                old_entities, old_mentions, old_relations = await self._document_graph(collection, chunk_ids, mentions)
+                old_entities, old_mentions, old_relations = await self._document_graph(collection, doc_id, chunk_ids)
                 # Looked up now, not once before the loop: an entity an earlier
                 # document of this import wrote (an alias it declared) is the graph's.
                 doc_names = [n for e in entities if e.source == doc_id for n in (e.item.name, *e.item.aliases)]

@@ -204,6 +204,28 @@ async def test_an_import_adds_to_what_the_document_has_and_is_idempotent(graph: 
     assert entry is not None and (await graph.store.documents("city"))["benefit.md"] == entry.version
 
 
+async def test_an_import_keeps_facts_whose_entities_lost_their_companion_point(graph: KnowledgeGraph) -> None:
+    first = _lines(
+        {"kind": "entity", "type": "Procedure", "name": "Unemployment Benefit", "source": "benefit.md"},
+        {"kind": "entity", "type": "Document", "name": "Separation Certificate", "source": "benefit.md"},
+        {"kind": "relation", "type": "REQUIRES", "from": "Unemployment Benefit", "to": "Separation Certificate", "source": "benefit.md"},
+    )
+    await graph.import_facts("city", first, ontology=ONTOLOGY)
+    # The certificate's companion point goes (a failed companion write, a DELETE of it):
+    # the document's graph is read from the graph, so the next import keeps its fact.
+    await graph.knowledge.delete("city__entities", entity_id("Document", "Separation Certificate"))
+    second = _lines(
+        {"kind": "entity", "type": "Office", "name": "Employment Office", "source": "benefit.md"},
+        {"kind": "relation", "type": "HANDLED_BY", "from": "Unemployment Benefit", "to": "Employment Office", "source": "benefit.md"},
+    )
+    report = await graph.import_facts("city", second)
+    assert report.invalid == {} and report.relations == {"HANDLED_BY": 1, "REQUIRES": 1}
+    stats = await graph.stats("city")
+    assert stats.relations["REQUIRES"] == 1 and stats.relations["HANDLED_BY"] == 1
+    # The import wrote the certificate again, so its companion point is back.
+    assert entity_id("Document", "Separation Certificate") in await graph.knowledge.store.documents("city__entities")
+
+
 async def test_import_needs_a_collection_and_an_ontology(graph: KnowledgeGraph) -> None:
     line = _lines({"kind": "entity", "type": "Office", "name": "X", "source": "benefit.md"})
     with pytest.raises(OntologyRequiredError, match="give an ontology"):
