@@ -21,6 +21,11 @@ Writing a document replaces what that document supported: its chunks' mentions a
 its chunk ids on relations go, then the new ones are written; a relation no chunk
 supports any more is removed, and so is an entity no chunk mentions. Facts that
 other documents also support stay.
+
+An entity's attributes have no provenance yet: its aliases accumulate, and a
+document's properties and non-empty description overwrite what another document
+gave; they stay after the document that gave them is removed (until the entity
+itself goes). Callers sharing a collection between sources should know this.
 """
 
 from __future__ import annotations

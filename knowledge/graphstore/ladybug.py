@@ -476,7 +476,11 @@ class LadybugStore:
             seen: set[tuple[str, str, str]] = set()
             facts: list[Fact] = []
             for hop in range(1, hops + 1):
-                found, frontier = expand_hop(frontier, _edges(conn, graph, frontier), hop=hop, fanout=fanout, seen=seen, visited=visited)
+                # Every relation of the frontier is read: cutting them per entity in
+                # the query (ORDER BY, collect, list_slice, both directions) tripled the
+                # 2-hop p95 at 10k/30k (13.6 -> 42.8 ms, measured); `expand_hop` keeps fanout.
+                edges = _edges(conn, graph, frontier)
+                found, frontier = expand_hop(frontier, edges, hop=hop, fanout=fanout, seen=seen, visited=visited)
                 facts.extend(found)
                 # Facts are ordered nearer first: once ``limit`` are found, farther
                 # hops cannot displace any of them.
