@@ -140,8 +140,9 @@ def print_graph_report(report: dict[str, Any], *, file: Any = None) -> None:
     typer.echo(
         f"graph of {report['collection']} (ontology {report.get('ontology')}): {report.get('documents', 0)} documents, "
         f"{report.get('chunks', 0)} chunks, {entities} entities, {relations} relations written; "
-        f"{sum(invalid.values())} invalid items dropped, {report.get('failed_chunks', 0)} chunks failed "
-        f"({report.get('seconds', 0):.1f}s)",
+        f"{sum(invalid.values())} invalid items dropped, {report.get('failed_chunks', 0)} chunks failed"
+        + (f", facts of {report['removed']} deleted documents removed" if report.get("removed") else "")
+        + f" ({report.get('seconds', 0):.1f}s)",
         file=out,
     )
     for reason, count in sorted(invalid.items()):
@@ -186,6 +187,50 @@ def import_facts(
         typer.echo(json.dumps(report))
     else:
         print_graph_report(report)
+
+
+@graph_app.command("extract")
+def extract(
+    ctx: typer.Context,
+    collection: CollectionOption,
+    ontology_file: OntologyOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Extract again documents whose facts are up to date.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Extract entities and relations from every document of a collection already
+    ingested (those up to date are skipped), and remove the facts of documents the
+    collection no longer has. A model call per chunk."""
+    valid_collection_name(collection)
+    ontology, text = read_ontology(ontology_file)
+    env = ctx.obj
+    show_bar = sys.stderr.isatty()
+
+    async def run() -> dict[str, Any]:
+        async with env.open_knowledge_graph() as target:
+            if isinstance(target, str):
+                typer.echo(f"the stores are held by the server at {target}; extracting there (a model call per chunk)...", err=True)
+                body = {"ontology": text, "force": force}
+                path = f"/v1/collections/{segment(collection)}/graph/extract"
+                return dict(await through(target, "POST", path, json=body, timeout=None))
+            if show_bar:
+                with typer.progressbar(length=1, label="extracting", file=sys.stderr) as bar:
+
+                    def progress(done: int, total: int) -> None:
+                        bar.length = total
+                        bar.update(done - bar.pos)
+
+                    report = await target.extract(collection, None, ontology=ontology, progress=progress, force=force)
+            else:
+                report = await target.extract(collection, None, ontology=ontology, force=force)
+            return dict(report.model_dump(mode="json"))
+
+    report = asyncio.run(run())
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        print_graph_report(report)
+    if report.get("failed_chunks"):
+        raise SystemExit(2)
 
 
 @graph_app.command("neighbors")

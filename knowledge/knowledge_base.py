@@ -191,7 +191,7 @@ class KnowledgeBase:
             shown = ", ".join(repr(d) for d in failed[:10])
             raise KnowledgeError(
                 f"the documents were written, but the knowledge graph of collection {collection!r} still holds the "
-                f"facts of the earlier versions of {shown}: `switchyard ingest PATH --collection {collection} --graph` "
+                f"facts of the earlier versions of {shown}: `switchyard graph extract --collection {collection}` "
                 "extracts replaced documents again and removes the facts of deleted ones"
             )
 

@@ -1,7 +1,7 @@
 """Extraction: one model call per chunk, asking for entities and relations as JSON
 under the schema the ontology generates (`Ontology.extraction_schema`).
 
-The call goes through the gateway (`ModelGateway.complete_chat`) with
+The call goes through the gateway (`ModelGateway.stream_chat`, see `Extractor._streamed`) with
 ``response_format: {"type": "json_schema", ...}``: the gateway refuses an alias
 whose backends do not declare ``json_schema`` output, and each backend adapts it
 (vLLM's guided decoding, llama.cpp's grammar). The answer is then checked item by
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -184,7 +185,7 @@ class Extractor:
         where = f"chunk {chunk_id}"
         try:
             async with asyncio.timeout(self.settings.timeout_s):
-                answer = await self.gateway.complete_chat(self.settings.alias, body)
+                content, finish_reason = await self._streamed(body)
         except TimeoutError:
             return ChunkExtraction(
                 chunk_id=chunk_id, failed=True,
@@ -195,19 +196,35 @@ class Extractor:
                 chunk_id=chunk_id, failed=True,
                 problems=[Problem(where=where, reason="model_error", detail=f"{exc.__class__.__name__}: {exc}"[:300])],
             )
-        try:
-            choice = answer["choices"][0]
-            content = choice["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError):
-            choice, content = {}, ""
-        if choice.get("finish_reason") == "length":
+        if finish_reason == "length":
             # Cut mid-JSON: say why rather than quote a parse error.
             return ChunkExtraction(
-                chunk_id=chunk_id, failed=True, answer=content if isinstance(content, str) else "",
+                chunk_id=chunk_id, failed=True, answer=content,
                 problems=[Problem(
                     where=where, reason="bad_json",
                     detail=f"the answer was cut at max_tokens ({self.settings.max_tokens}): lower "
                     "max_entities/max_relations or raise max_tokens",
                 )],
             )
-        return parse_answer(content if isinstance(content, str) else "", self.ontology, chunk_id=chunk_id)
+        return parse_answer(content, self.ontology, chunk_id=chunk_id)
+
+    async def _streamed(self, body: Mapping[str, Any]) -> tuple[str, str | None]:
+        """The answer's text and finish reason, asked for as a stream.
+
+        Streamed, because the backend's read timeout then applies between tokens rather
+        than to a whole answer of up to ``max_tokens``, and because a chunk given up on
+        (its timeout, a cancelled ingestion) closes the stream, which stops the backend
+        generating: llama-server finishes a non-streamed request whose client has gone,
+        and the next chunks' requests waited behind it, timed out in turn and opened the
+        backend's circuit breaker (seen with the local model on a busy machine).
+        """
+        parts: list[str] = []
+        finish_reason: str | None = None
+        async with aclosing(self.gateway.stream_chat(self.settings.alias, body)) as chunks:
+            async for chunk in chunks:
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    if isinstance(delta.get("content"), str):
+                        parts.append(delta["content"])
+                    finish_reason = choice.get("finish_reason") or finish_reason
+        return "".join(parts), finish_reason

@@ -166,3 +166,6 @@ def test_ingest_graph_extracts_with_the_local_model(workspace: tuple[Path, Path]
         again = _run(config, "ingest", str(docs), "--collection", "city", "--graph", "--json", timeout=900)
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout)["graph"]["documents"] == 0
+        whole = _run(config, "graph", "extract", "--collection", "city", "--json", timeout=900)
+        assert whole.returncode == 0, whole.stderr
+        assert (json.loads(whole.stdout)["documents"], json.loads(whole.stdout)["skipped"]) == (0, 2)

@@ -21,7 +21,7 @@ import uvicorn
 import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from gateway import Backend, ModelGateway, load_registry
@@ -320,7 +320,7 @@ def fake_extraction_backend(
     for key in ("started", "answered", "in_flight", "most"):
         counts.setdefault(key, 0)
 
-    async def chat(request: Request) -> JSONResponse:
+    async def chat(request: Request) -> JSONResponse | StreamingResponse:
         body = await request.json()
         text = body["messages"][-1]["content"]
         counts["started"] += 1
@@ -333,6 +333,16 @@ def fake_extraction_backend(
             counts["in_flight"] -= 1
         counts["answered"] += 1
         content = json.dumps(GOOD_ANSWER) if answers_all[0] or "benefit" in text.lower() else "I cannot help with that."
+        if body.get("stream"):
+            # As a backend streams: the text in pieces, then the finish reason, then [DONE].
+            def frame(delta: dict[str, str], finish: str | None) -> str:
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+                return "data: " + json.dumps({"id": "fake", "object": "chat.completion.chunk", "created": 0, "model": body["model"], "choices": [choice]}) + "\n\n"
+
+            pieces = [content[i : i + 16] for i in range(0, len(content), 16)]
+            frames = [frame({"role": "assistant", "content": ""}, None)] + [frame({"content": p}, None) for p in pieces]
+            frames += [frame({}, "stop"), "data: [DONE]\n\n"]
+            return StreamingResponse(iter(frames), media_type="text/event-stream")
         return JSONResponse({
             "id": "fake", "object": "chat.completion", "created": 0, "model": body["model"],
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
