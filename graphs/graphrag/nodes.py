@@ -22,7 +22,7 @@ from graphs.guards import checked
 from graphs.graphrag.prompts import ANSWER_PROMPT, format_facts, format_sources
 from graphs.graphrag.state import GraphRagState, Source
 from graphs.rag.nodes import RagNodes
-from knowledge import CollectionNotAllowedError, GraphNotFoundError, GraphStoreError, KnowledgeBase, KnowledgeGraph
+from knowledge import GraphNotFoundError, GraphStoreError, KnowledgeBase, KnowledgeGraph
 from knowledge.settings import GraphRetrievalSettings, RagSettings
 
 __all__ = ["GRAPH_EXTRA_SOURCES", "GraphRagNodes"]
@@ -79,21 +79,9 @@ class GraphRagNodes:
         self._settings = settings
         self._retrieval = retrieval
 
-    def _bound(self, runtime: Runtime[RunContext]) -> Any:
-        params = _context(runtime).model_params
-        return self._model.bind(**params) if params else self._model
-
-    def _collection(self, runtime: Runtime[RunContext]) -> str:
-        # The same rule as the chunk side's (which also writes ``collection`` to the
-        # state): both run in one step, so each checks it on its own.
-        context = _context(runtime)
-        name = context.collection or self._knowledge.settings.default_collection
-        if "*" not in context.allowed_collections and name not in context.allowed_collections:
-            raise CollectionNotAllowedError(name, context.tenant)
-        return name
-
     async def link_and_expand(self, state: GraphRagState, runtime: Runtime[RunContext]) -> dict[str, Any]:
-        collection = self._collection(runtime)
+        # The chunk side's collection rule (it runs in the same step and checks it too).
+        collection = self.rag.collection(runtime)
         question = state.get("query") or ""
         if not question.strip():
             return {"linked": [], "graph_facts": [], "graph_status": "ok"}
@@ -171,7 +159,7 @@ class GraphRagNodes:
                 sources=format_sources(list(state["sources"])),  # type: ignore[arg-type]
             )
             conversation = [m for m in state["messages"] if not isinstance(m, SystemMessage)]
-            answer = await self._bound(runtime).ainvoke([SystemMessage(prompt), *conversation])
+            answer = await self.rag.bound(runtime).ainvoke([SystemMessage(prompt), *conversation])
             return {"messages": [answer]}
 
         return generate

@@ -52,7 +52,8 @@ class RagNodes:
         self._knowledge = knowledge
         self._settings = settings
 
-    def _bound(self, runtime: Runtime[RunContext]) -> Any:
+    def bound(self, runtime: Runtime[RunContext]) -> Any:
+        """The chat model with the run's sampling parameters."""
         params = _context(runtime).model_params
         return self._model.bind(**params) if params else self._model
 
@@ -66,7 +67,7 @@ class RagNodes:
         try:
             async with asyncio.timeout(self._settings.node_timeout_s):
                 # Tagged nostream: the rewrite is not part of the answer clients see.
-                answer = await self._bound(runtime).with_config(tags=["nostream"]).ainvoke(
+                answer = await self.bound(runtime).with_config(tags=["nostream"]).ainvoke(
                     [HumanMessage(REWRITE_PROMPT.format(conversation=conversation))]
                 )
         except TimeoutError:
@@ -75,7 +76,12 @@ class RagNodes:
         rewritten = " ".join(str(answer.content).split())[:500]
         return {"query": rewritten or question}
 
-    def _collection(self, runtime: Runtime[RunContext]) -> str:
+    def collection(self, runtime: Runtime[RunContext]) -> str:
+        """The run's collection (else the default), if the tenant may use it.
+
+        Raises:
+            CollectionNotAllowedError: the tenant's ``collections`` do not allow it.
+        """
         context = _context(runtime)
         name = context.collection or self._knowledge.settings.default_collection
         if "*" not in context.allowed_collections and name not in context.allowed_collections:
@@ -83,7 +89,7 @@ class RagNodes:
         return name
 
     async def retrieve(self, state: RagState, runtime: Runtime[RunContext]) -> dict[str, Any]:
-        collection = self._collection(runtime)
+        collection = self.collection(runtime)
         question = _last_question(state["messages"])
         queries = list(dict.fromkeys(q for q in (state.get("query") or question, question) if q.strip()))
         k = self._settings.candidates
@@ -127,7 +133,7 @@ class RagNodes:
         async def generate(state: RagState, runtime: Runtime[RunContext]) -> dict[str, Any]:
             system = SystemMessage(ANSWER_PROMPT.format(sources=format_sources(list(state["sources"]))))  # type: ignore[arg-type]
             conversation = [m for m in state["messages"] if not isinstance(m, SystemMessage)]
-            answer = await self._bound(runtime).ainvoke([system, *conversation])
+            answer = await self.bound(runtime).ainvoke([system, *conversation])
             return {"messages": [answer]}
 
         return generate

@@ -6,7 +6,7 @@ collection without a graph and an unknown name as answers, bad arguments refused
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
+
 
 import pytest
 
