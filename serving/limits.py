@@ -123,7 +123,15 @@ class BodySizeLimit:
         metrics = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
         if metrics is not None:
             metrics.rejections.labels("body_size").inc()
-        body = json.dumps({"detail": f"request body larger than {self.max_bytes} bytes"}).encode()
+        message = f"request body larger than {self.max_bytes} bytes"
+        path = scope.get("path", "")
+        if path == "/v1" or path.startswith("/v1/"):
+            # The OpenAI error shape on its routes (as `serving.errors` answers there,
+            # and as their OpenAPI description says); the LangGraph shape elsewhere.
+            error = {"message": message, "type": "invalid_request_error", "param": None, "code": "request_too_large"}
+            body = json.dumps({"error": error}).encode()
+        else:
+            body = json.dumps({"detail": message}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -124,7 +124,8 @@ def test_oversized_bodies_are_413(secured: tuple[ServerHandle, dict[str, str]]) 
     server, keys = secured
     big = {"model": "chat", "messages": [{"role": "user", "content": "x" * 70_000}]}
     response = httpx.post(server.url + "/v1/chat/completions", json=big, headers=_bearer(keys["globex"]))
-    assert response.status_code == 413 and "65536" in response.json()["detail"]
+    assert response.status_code == 413 and "65536" in response.json()["error"]["message"]
+    assert response.json()["error"]["code"] == "request_too_large"  # the OpenAI shape on /v1
     assert response.headers["x-request-id"]
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives

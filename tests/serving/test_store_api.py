@@ -227,4 +227,4 @@ async def test_sdk_refusals_and_body_limit(
         await clients["acme"].store.put_item(["a"], "k", {"n": 1}, ttl=0)  # type: ignore[arg-type]
     with _raw(secured) as http:
         big = http.put("/store/items", json={"namespace": ["a"], "key": "k", "value": {"t": "x" * 70000}})
-    assert big.status_code == 413
+    assert big.status_code == 413 and "request body larger than" in big.json()["detail"]  # the LangGraph shape
