@@ -30,6 +30,7 @@ from serving.auth import AuthSettings
 from serving.guardrails import GuardrailSettings
 from serving.persistence import ThreadSettings
 from serving.routing import RoutingSettings
+from serving.shared.settings import StateSettings
 
 __all__ = ["ConfigError", "ServerSettings", "Settings", "TracingSettings", "load_settings"]
 
@@ -210,6 +211,8 @@ class Settings(BaseSettings):
     """Tenants and API keys (required unless ``server.dev``)."""
     threads: ThreadSettings = ThreadSettings()
     """Where threads persist: SQLite in the data directory, or PostgreSQL."""
+    state: StateSettings = StateSettings()
+    """What replicas share (run records, keys, promotions, rate limits)."""
     guardrails: GuardrailSettings = GuardrailSettings()
     knowledge: KnowledgeSettings = KnowledgeSettings()
     """The vector store (Qdrant local mode in the data directory, or a server), the
@@ -237,6 +240,11 @@ class Settings(BaseSettings):
     @property
     def audit_path(self) -> Path:
         return self.audit_file or self.data_dir / "audit" / "audit.jsonl"
+
+    @property
+    def shared_dsn(self) -> str | None:
+        """The PostgreSQL database replicas share state in (None: a single replica)."""
+        return self.state.postgres_dsn or self.threads.postgres_dsn
 
     @property
     def keys_file(self) -> Path:
