@@ -268,6 +268,17 @@ class ServingMetrics:
             "switchyard_backend_errors", "Failed calls to model backends, by backend and error.",
             ["backend", "error"], registry=self.registry,
         )
+        self.rate_limit_store_errors = Counter(
+            "switchyard_rate_limit_store_errors",
+            "Rate-limit checks the shared store (Redis) failed or was too slow to answer; "
+            "the limiter fell back to this replica's own buckets.",
+            registry=self.registry,
+        )
+        self.replica_runs_reaped = Counter(
+            "switchyard_replica_runs_reaped",
+            "Runs of replicas whose lease expired (dead replicas) ended by this replica.",
+            registry=self.registry,
+        )
         self.audit_head = Gauge(
             "switchyard_audit_head_seq",
             "Sequence number of the audit log's last record (its hash is in the server log).",
