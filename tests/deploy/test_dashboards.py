@@ -260,8 +260,17 @@ def _vllm_exported() -> dict[str, Exported]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class ScrapedApp:
+    """A real Switchyard's metrics and the route templates its ``route`` label takes."""
+
+    metrics: Exported
+    routes: frozenset[str]
+    """Every path of its OpenAPI description (``/threads/{thread_id}/runs/stream``)."""
+
+
 @pytest.fixture(scope="module")
-def app_metrics(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -> Iterator[Exported]:
+def app(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -> Iterator[ScrapedApp]:
     """What a real Switchyard's ``/metrics`` exports after an answered stream, an
     answered graph run, a backend failure, a tool call, a refused oversized body and a
     breaker that opened (all through the FAKE scripted backend, so no model is
@@ -302,7 +311,9 @@ def app_metrics(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str)
             assert ask("down") in (502, 503)
         response = httpx.get(handle.url + "/metrics", timeout=10)
         assert response.status_code == 200
-        yield exported_series(response.text)
+        openapi = httpx.get(handle.url + "/openapi.json", timeout=10)  # served in --dev
+        assert openapi.status_code == 200
+        yield ScrapedApp(exported_series(response.text), frozenset(openapi.json()["paths"]))
     finally:
         stop_server(handle)
 
@@ -399,7 +410,8 @@ def _known_labels(name: str, app: Exported, vllm: dict[str, Exported]) -> frozen
 
 
 @pytest.mark.e2e
-def test_expressions_name_only_exported_metrics_and_labels(app_metrics: Exported) -> None:
+def test_expressions_name_only_exported_metrics_and_labels(app: ScrapedApp) -> None:
+    app_metrics = app.metrics
     vllm = _vllm_exported()
     problems: list[str] = []
     unchecked: set[str] = set()
@@ -445,10 +457,48 @@ def test_expressions_name_only_exported_metrics_and_labels(app_metrics: Exported
 
 
 @pytest.mark.e2e
-def test_the_new_replica_metrics_are_exported(app_metrics: Exported) -> None:
+def test_the_new_replica_metrics_are_exported(app: ScrapedApp) -> None:
     # Unlabelled counters: exported from the start, before any Redis error or reaped run.
-    assert {"switchyard_rate_limit_store_errors_total", "switchyard_replica_runs_reaped_total"} <= app_metrics.names
-    assert "switchyard_time_to_first_token_seconds_bucket" in app_metrics.labels  # the runs above did reach it
+    assert {"switchyard_rate_limit_store_errors_total", "switchyard_replica_runs_reaped_total"} <= app.metrics.names
+    assert "switchyard_time_to_first_token_seconds_bucket" in app.metrics.labels  # the runs above did reach it
+
+
+@pytest.mark.e2e
+def test_route_matchers_match_the_app_s_routes(app: ScrapedApp) -> None:
+    """A ``route`` matcher that matches no route of the app selects nothing, silently."""
+    assert "/v1/chat/completions" in app.routes and "/threads/{thread_id}/runs/stream" in app.routes
+    problems = []
+    for query in _queries():
+        for name, matchers in _selectors(_parse(query)):
+            for matcher in matchers:
+                if matcher.name != "route":
+                    continue
+                if matcher.op in (promql_parser.MatchOp.Re, promql_parser.MatchOp.NotRe):
+                    # PromQL anchors regexes; each alternative must name a real route.
+                    for alternative in _alternatives(matcher.value):
+                        if not any(re.fullmatch(alternative, route) for route in app.routes):
+                            problems.append(f"{query.where}: {name} route {alternative!r} matches no route")
+                elif matcher.value not in app.routes:
+                    problems.append(f"{query.where}: {name} route {matcher.value!r} is no route")
+    assert not problems, "\n".join(problems)
+
+
+def _alternatives(regex: str) -> list[str]:
+    """The top-level ``|`` alternatives of ``regex`` (outside parentheses and classes)."""
+    parts, depth, start, in_class = [], 0, 0, False
+    for index, char in enumerate(regex):
+        if char == "[":
+            in_class = True
+        elif char == "]":
+            in_class = False
+        elif not in_class and char == "(":
+            depth += 1
+        elif not in_class and char == ")":
+            depth -= 1
+        elif not in_class and depth == 0 and char == "|":
+            parts.append(regex[start:index])
+            start = index + 1
+    return [*parts, regex[start:]]
 
 
 def test_alert_rules_are_valid_prometheus_rules() -> None:
