@@ -1,0 +1,1 @@
+"""Deployment checks: compose.yaml, the Dockerfile, Kubernetes manifests, dashboards."""
