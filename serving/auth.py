@@ -14,6 +14,12 @@ every API. A file that was replaced (renamed over), rewritten in place or remove
 picked up; a file that does not parse keeps the last good keys and logs an error.
 An unknown key also triggers the check at once, so a new key works immediately.
 
+When replicas share state (``settings.shared_dsn``), keys created at run time live in
+PostgreSQL instead of the keys file (`serving.shared.keys`): every replica finds a new
+key at once and refuses a revoked one within ``state.reload_s``. Either way the
+`KeyStore` of the app (``app.state.key_store``) is what ``switchyard keys`` and the
+``/admin/keys`` routes create, list and revoke keys in.
+
 Clients send the key as ``Authorization: Bearer <key>`` (OpenAI clients) or
 ``x-api-key: <key>`` (langgraph-sdk). Auth is on unless the server runs with ``--dev``.
 """
@@ -32,6 +38,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,13 +47,16 @@ from serving.errors import ServingError
 
 __all__ = [
     "AuthSettings",
+    "FileKeyStore",
     "KeyRecord",
+    "KeyStore",
     "Principal",
     "TenantLimits",
     "TenantSettings",
     "create_key",
     "hash_key",
     "load_keys",
+    "new_key",
     "revoke_key",
 ]
 
@@ -194,6 +204,21 @@ def _write_keys(path: Path, records: list[KeyRecord]) -> None:
         raise
 
 
+def new_key(tenant: str, tenants: Mapping[str, TenantSettings]) -> tuple[str, KeyRecord]:
+    """A new random key for ``tenant`` and its record (nothing stored yet).
+
+    Raises:
+        ServingError: 400 when the tenant is not configured (naming the ones that are).
+    """
+    if tenant not in tenants:
+        raise ServingError(400, f"unknown tenant {tenant!r}; configured: {', '.join(sorted(tenants)) or 'none'}")
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    record = KeyRecord(
+        id=secrets.token_hex(4), tenant=tenant, sha256=hash_key(key), created_at=datetime.now(UTC).isoformat()
+    )
+    return key, record
+
+
 def create_key(path: Path, tenant: str, tenants: Mapping[str, TenantSettings]) -> tuple[str, KeyRecord]:
     """Make a new key for ``tenant`` and append its hash to the keys file.
 
@@ -203,12 +228,7 @@ def create_key(path: Path, tenant: str, tenants: Mapping[str, TenantSettings]) -
     Raises:
         ServingError: the tenant is not configured.
     """
-    if tenant not in tenants:
-        raise ServingError(400, f"unknown tenant {tenant!r}; configured: {', '.join(sorted(tenants)) or 'none'}")
-    key = KEY_PREFIX + secrets.token_urlsafe(32)
-    record = KeyRecord(
-        id=secrets.token_hex(4), tenant=tenant, sha256=hash_key(key), created_at=datetime.now(UTC).isoformat()
-    )
+    key, record = new_key(tenant, tenants)
     with _locked(path):
         _write_keys(path, [*load_keys(path), record])
     return key, record
@@ -232,6 +252,56 @@ def revoke_key(path: Path, key_id: str) -> KeyRecord:
             raise ServingError(404, f"no key {key_id!r} in {path}")
         _write_keys(path, kept)
     return next(r for r in records if r.id == key_id)
+
+
+class KeyStore(Protocol):
+    """Where the keys made at run time live: the keys file (`FileKeyStore`) or the
+    database replicas share (`serving.shared.keys.PostgresKeyStore`). Synchronous (a CLI
+    calls it as is; the server through a worker thread)."""
+
+    where: str
+    """Named in messages: the keys file's path, or the database table."""
+
+    def create(self, tenant: str) -> tuple[str, KeyRecord]:
+        """A new key for ``tenant``: the key (shown once) and its stored record.
+
+        Raises:
+            ServingError: 400 an unknown tenant; 503 the store cannot be written.
+        """
+        ...
+
+    def list(self) -> list[KeyRecord]:
+        """The stored keys (hashes, never keys), oldest first."""
+        ...
+
+    def revoke(self, key_id: str) -> KeyRecord:
+        """Remove the key ``key_id``; returns its record.
+
+        Raises:
+            ServingError: 404 no such key; 503 the store cannot be written.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FileKeyStore:
+    """The keys file (``<data_dir>/keys.yaml``) as a `KeyStore`."""
+
+    path: Path
+    tenants: Mapping[str, TenantSettings]
+
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
+    def create(self, tenant: str) -> tuple[str, KeyRecord]:
+        return create_key(self.path, tenant, self.tenants)
+
+    def list(self) -> list[KeyRecord]:
+        return load_keys(self.path)
+
+    def revoke(self, key_id: str) -> KeyRecord:
+        return revoke_key(self.path, key_id)
 
 
 _FileStamp = tuple[int, int, int, int] | None
@@ -258,6 +328,8 @@ class Authenticator:
         self._keys_file = keys_file
         self._clock = clock
         self._interval_s = settings.keys_reload_s
+        self.key_store: KeyStore = FileKeyStore(keys_file, settings.tenants)
+        """Where ``/admin/keys`` creates, lists and revokes keys."""
         self._stamp: _FileStamp = _stamp(keys_file)
         self._checked_at = clock()
         # At start a bad file is an error (the server does not start); later, the
@@ -300,7 +372,34 @@ class Authenticator:
         self._by_hash = by_hash
         log.info("keys file %s reloaded: %d keys (%d added, %d removed)", self._keys_file, len(by_hash), added, removed)
 
-    def authenticate(self, authorization: str | None, api_key: str | None) -> Principal:
+    def config_key_ids(self) -> set[str]:
+        """Ids of the keys given in the settings (``auth.keys``): not revocable at run time."""
+        return {record.id for record in self._settings.keys}
+
+    async def start(self) -> None:
+        """Nothing to start: the keys file is checked by requests (`refresh`)."""
+
+    async def sync(self) -> bool:
+        """Read the keys now (after a change made through this process)."""
+        self.refresh(force=True)
+        return True
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+    @staticmethod
+    def _presented(authorization: str | None, api_key: str | None) -> str:
+        key = api_key
+        if not key and authorization and authorization.lower().startswith("bearer "):
+            key = authorization[7:].strip()
+        if not key:
+            raise ServingError(401, "an API key is required (Authorization: Bearer <key> or x-api-key)")
+        return key
+
+    def _principal(self, record: KeyRecord) -> Principal:
+        return Principal(tenant=record.tenant, key_id=record.id, settings=self._tenants[record.tenant])
+
+    async def authenticate(self, authorization: str | None, api_key: str | None) -> Principal:
         """The caller, from ``Authorization: Bearer`` or ``x-api-key``.
 
         Raises:
@@ -308,12 +407,7 @@ class Authenticator:
         """
         if not self.enabled:
             return self._dev
-        key = api_key
-        if not key and authorization and authorization.lower().startswith("bearer "):
-            key = authorization[7:].strip()
-        if not key:
-            raise ServingError(401, "an API key is required (Authorization: Bearer <key> or x-api-key)")
-        digest = hash_key(key)
+        digest = hash_key(self._presented(authorization, api_key))
         self.refresh()  # revocations: within keys_reload_s
         record = self._by_hash.get(digest)
         if record is None:
@@ -321,4 +415,4 @@ class Authenticator:
             record = self._by_hash.get(digest)
         if record is None:
             raise ServingError(401, "invalid API key")
-        return Principal(tenant=record.tenant, key_id=record.id, settings=self._tenants[record.tenant])
+        return self._principal(record)

@@ -9,13 +9,14 @@ Sub-commands live next to the package they drive (``gateway/cli.py``: ``backend`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,7 +41,8 @@ from knowledge.settings import KnowledgeSettings
 from tools import ToolError, ToolRegistry
 from serving.app import cors_refusal_headers, create_app
 from serving.audit import load_key, parse_anchor, verify
-from serving.auth import create_key, load_keys, revoke_key
+from serving.auth import FileKeyStore, KeyStore
+from serving.shared.keys import open_key_store
 from serving.errors import ServingError
 from serving.eval_runner import backends_of, build_judge, cli_host, open_runner, resolve_model, sla_for
 from serving.http import ConnectionLimits, limited_protocol
@@ -413,7 +415,23 @@ def _exit_on_sigterm(signum: int, _: object) -> None:
     raise SystemExit(128 + signum)
 
 
-keys_app = typer.Typer(help="API keys (stored as hashes in the keys file).", no_args_is_help=True)
+keys_app = typer.Typer(
+    help="API keys (stored as hashes: in the keys file, or in the shared database when state is shared).",
+    no_args_is_help=True,
+)
+
+
+@contextlib.contextmanager
+def _key_store(settings: Settings) -> Iterator[KeyStore]:
+    """The keys file, or the shared key store (PostgreSQL) when ``settings.shared_dsn`` is set."""
+    if settings.shared_dsn is None:
+        yield FileKeyStore(settings.keys_file, settings.auth.tenants)
+        return
+    store = open_key_store(settings)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 @keys_app.command("create")
@@ -422,28 +440,32 @@ def create_api_key(
 ) -> None:
     """Create a key for a tenant; prints it once (only its hash is stored)."""
     settings = ctx.obj.settings
-    key, record = create_key(settings.keys_file, tenant, settings.auth.tenants)
+    with _key_store(settings) as store:
+        key, record = store.create(tenant)
     typer.echo(key)
-    typer.secho(f"key {record.id} for tenant {tenant} stored in {settings.keys_file}", err=True)
+    typer.secho(f"key {record.id} for tenant {tenant} stored in {store.where}", err=True)
 
 
 @keys_app.command("list")
 def list_api_keys(ctx: typer.Context) -> None:
     """Key ids and tenants (never the keys)."""
     settings = ctx.obj.settings
-    for record in [*settings.auth.keys, *load_keys(settings.keys_file)]:
+    with _key_store(settings) as store:
+        stored = store.list()
+    for record in [*settings.auth.keys, *stored]:
         typer.echo(f"{record.id}\t{record.tenant}\t{record.created_at}")
 
 
 @keys_app.command("revoke")
 def revoke_api_key(ctx: typer.Context, key_id: Annotated[str, typer.Argument(help="The key's id (`keys list`).")]) -> None:
-    """Remove a key from the keys file; a running server refuses it within
-    ``auth.keys_reload_s`` (1 s by default), no restart needed."""
+    """Remove a key from the keys file (or the shared key store); a running server refuses
+    it within ``auth.keys_reload_s`` (``state.reload_s`` when shared), no restart needed."""
     settings = ctx.obj.settings
     if any(record.id == key_id for record in settings.auth.keys):
         raise ServingError(400, f"key {key_id} is in the settings (auth.keys): remove it there and restart the server")
-    record = revoke_key(settings.keys_file, key_id)
-    typer.echo(f"revoked key {record.id} of tenant {record.tenant} (removed from {settings.keys_file})")
+    with _key_store(settings) as store:
+        record = store.revoke(key_id)
+    typer.echo(f"revoked key {record.id} of tenant {record.tenant} (removed from {store.where})")
 
 
 audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)

@@ -12,6 +12,7 @@ from serving.limits import RateLimiter
 from serving.observability import ServingMetrics
 from serving.openai.service import ChatCompletionService
 from serving.platform import Platform
+from serving.shared.ratelimit import RedisRateLimiter
 
 __all__ = ["ChatServiceDep", "DeadlineDep", "MetricsDep", "PlatformDep", "PrincipalDep", "RequestIdDep", "require_key"]
 
@@ -33,10 +34,10 @@ async def _metrics(request: Request) -> ServingMetrics:
 
 async def _principal(request: Request) -> Principal:
     authenticator: Authenticator = request.app.state.authenticator
-    principal = authenticator.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    principal = await authenticator.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
     if authenticator.enabled:
-        limiter: RateLimiter = request.app.state.rate_limiter
-        limiter.check(principal)
+        limiter: RateLimiter | RedisRateLimiter = request.app.state.rate_limiter
+        await limiter.check(principal)
     request.state.principal = principal
     return principal
 

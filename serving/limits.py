@@ -17,7 +17,7 @@ from serving.auth import Principal
 from serving.errors import ServingError
 from serving.observability import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodySizeLimit", "RateLimiter", "RunSlots"]
+__all__ = ["BodySizeLimit", "RateLimiter", "RunSlots", "rate_limited"]
 
 
 @dataclass(slots=True)
@@ -26,13 +26,36 @@ class _Bucket:
     updated: float
 
 
+def rate_limited(principal: Principal, wait_s: float) -> ServingError:
+    """The 429 of an empty bucket (one wording for this replica's buckets and Redis's)."""
+    limits = principal.settings.limits
+    return ServingError(
+        429, f"rate limit of key {principal.key_id}: {limits.requests_per_s:g} requests/s, burst {limits.burst}",
+        retry_after_s=wait_s,
+        limit="rate",
+    )
+
+
 @dataclass(slots=True)
 class RateLimiter:
-    """One token bucket per key: ``burst`` tokens, refilled at ``requests_per_s``."""
+    """One token bucket per key, in this replica: ``burst`` tokens, refilled at
+    ``requests_per_s``. With several replicas and no Redis, each counts its own
+    (`serving.shared.ratelimit.RedisRateLimiter` shares them)."""
 
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
 
-    def check(self, principal: Principal) -> None:
+    async def check(self, principal: Principal) -> None:
+        """Take a token for this key (`take`); async like the shared limiter's.
+
+        Raises:
+            ServingError: 429 with ``retry_after_s`` when the bucket is empty.
+        """
+        self.take(principal)
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+    def take(self, principal: Principal) -> None:
         """Take a token for this key.
 
         Raises:
@@ -46,12 +69,7 @@ class RateLimiter:
         bucket.tokens = min(float(limits.burst), bucket.tokens + (now - bucket.updated) * limits.requests_per_s)
         bucket.updated = now
         if bucket.tokens < 1:
-            wait = (1 - bucket.tokens) / limits.requests_per_s
-            raise ServingError(
-                429, f"rate limit of key {principal.key_id}: {limits.requests_per_s:g} requests/s, burst {limits.burst}",
-                retry_after_s=wait,
-                limit="rate",
-            )
+            raise rate_limited(principal, (1 - bucket.tokens) / limits.requests_per_s)
         bucket.tokens -= 1
 
 

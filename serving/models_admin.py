@@ -14,7 +14,15 @@ Promotions (`serving.promotion`, ``switchyard models promote``) live in
 file with the promoted aliases' targets replaced, the watcher watches both files, and a
 promotions file that names a backend the models file no longer has is refused like any
 invalid registry. The routes ``POST /admin/models/{alias}/promote``, ``.../rollback`` and
-``GET /admin/models/{alias}/history`` drive them.
+``GET /admin/models/{alias}/history`` drive them. When replicas share state, the
+promotions live in PostgreSQL instead (`serving.shared.promotions`): the reloader reads its
+version number every ``state.reload_s`` and reloads when it moved, so a promotion through
+one replica is served by every replica within that interval.
+
+The key routes (``POST /admin/keys``, ``GET /admin/keys``, ``DELETE /admin/keys/{id}``)
+create, list and revoke API keys in the app's key store (the keys file, or the shared
+database): the operator side of ``switchyard keys``, audited (``key_created``,
+``key_revoked``).
 """
 
 from __future__ import annotations
@@ -490,3 +498,107 @@ async def model_history(alias: str, request: Request, principal: PrincipalDep) -
     except (PromotionError, RegistryError, OSError) as exc:
         raise _refused(exc) from None
     return HistoryOut(alias=alias, promoted=promoted, entries=[_entry_out(e) for e in entries])
+
+
+# ------------------------------------------------------------------ key routes
+
+
+class KeyCreateRequest(BaseModel):
+    """``POST /admin/keys``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = Field(min_length=1)
+    """A tenant of ``auth.tenants``."""
+
+
+class KeyOut(BaseModel):
+    """A stored key (never the key itself, nor its hash)."""
+
+    id: str
+    tenant: str
+    created_at: str
+    source: Literal["settings", "store"]
+    """``settings``: ``auth.keys`` (revoked by editing the settings); ``store``: the keys
+    file or the shared key store (``DELETE /admin/keys/{id}``)."""
+
+
+class KeyCreatedOut(KeyOut):
+    """201: the new key, shown this once."""
+
+    key: str
+
+
+class KeysOut(BaseModel):
+    keys: list[KeyOut]
+    store: str
+    """Where keys made at run time live (the keys file, or the shared database)."""
+
+
+_KEY_ERRORS: dict[int | str, dict[str, Any]] = {
+    503: {"description": "The key store cannot be reached or written (nothing changed)"},
+    **_AUTH_ERRORS,
+}
+
+
+@router.post(
+    "/keys",
+    status_code=201,
+    response_model=KeyCreatedOut,
+    responses={400: {"description": "Unknown tenant (the configured ones are named)"}, **_KEY_ERRORS},
+)
+async def create_api_key(body: KeyCreateRequest, request: Request, principal: PrincipalDep) -> KeyCreatedOut:
+    """Create a key for ``tenant``; the answer is the only time the key is shown. Every
+    replica accepts it at once."""
+    _admin(principal)
+    store = request.app.state.authenticator.key_store
+    key, record = await asyncio.to_thread(store.create, body.tenant)
+    _audit(request, "key_created", key=record.id, tenant=record.tenant, by=_by(principal))
+    log.info("key %s for tenant %s created by %s", record.id, record.tenant, _by(principal))
+    return KeyCreatedOut(id=record.id, tenant=record.tenant, created_at=record.created_at, source="store", key=key)
+
+
+@router.get("/keys", response_model=KeysOut, responses=_KEY_ERRORS)
+async def list_api_keys(request: Request, principal: PrincipalDep) -> KeysOut:
+    """Every key's id, tenant and creation time (never the keys or their hashes)."""
+    _admin(principal)
+    authenticator = request.app.state.authenticator
+    stored = await asyncio.to_thread(authenticator.key_store.list)
+    configured = authenticator.config_key_ids()
+    keys = [
+        KeyOut(id=r.id, tenant=r.tenant, created_at=r.created_at, source="settings")
+        for r in request.app.state.platform.settings.auth.keys
+    ]
+    keys += [KeyOut(id=r.id, tenant=r.tenant, created_at=r.created_at, source="store") for r in stored if r.id not in configured]
+    return KeysOut(keys=keys, store=authenticator.key_store.where)
+
+
+@router.delete(
+    "/keys/{key_id}",
+    response_model=KeyOut,
+    responses={
+        404: {"description": "No such key"},
+        409: {"description": "The key is in the settings (auth.keys): remove it there"},
+        **_KEY_ERRORS,
+    },
+)
+async def revoke_api_key(key_id: str, request: Request, principal: PrincipalDep) -> KeyOut:
+    """Revoke a key: every replica refuses it (401) within its reload interval."""
+    _admin(principal)
+    authenticator = request.app.state.authenticator
+    if key_id in authenticator.config_key_ids():
+        raise ServingError(409, f"key {key_id} is in the settings (auth.keys): remove it there and restart the server")
+    record = await asyncio.to_thread(authenticator.key_store.revoke, key_id)
+    await authenticator.sync()  # refused here at once; on the other replicas within their reload interval
+    _audit(request, "key_revoked", key=record.id, tenant=record.tenant, by=_by(principal))
+    log.info("key %s of tenant %s revoked by %s", record.id, record.tenant, _by(principal))
+    return KeyOut(id=record.id, tenant=record.tenant, created_at=record.created_at, source="store")
+
+
+def _audit(request: Request, kind: str, **fields: Any) -> None:
+    """An audit record of an admin action; a log that cannot be written does not undo it
+    (logged as an error)."""
+    try:
+        request.app.state.audit.append(kind, **fields)
+    except Exception:  # boundary: the audit log's failure is reported, the change stands
+        log.exception("audit record %s could not be written", kind)

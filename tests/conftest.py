@@ -24,6 +24,7 @@ import yaml
 from gateway import Backend, load_registry
 from gateway.local import start_backend, stop_backend
 from tests.fakes.openai_backend import free_port, run_fake_backend
+from tests.redis import redis_server, redis_url  # noqa: F401 - fixtures (a real Redis server)
 
 REPO = Path(__file__).resolve().parents[1]
 SWITCHYARD = Path(sys.executable).with_name("switchyard")

@@ -1,0 +1,241 @@
+"""API keys shared by replicas through PostgreSQL (issue 17, item 2): created with the
+CLI or ``POST /admin/keys`` on one app, a key works at once on another app over the same
+database; a revoked key is refused within ``state.reload_s``; with the database gone,
+keys already loaded keep working and unknown keys get 503 (never 500); a ``keys.yaml``
+is imported into an empty store once.
+
+The apps run in this process (the real app factory and lifespan over the real
+PostgreSQL of the ``postgres_dsn`` fixture, requests through httpx's ASGI transport); the
+two-process version (``tests/replicas.py``) is at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import yaml
+from fastapi import FastAPI
+
+from serving.app import create_app
+from serving.auth import hash_key
+from serving.settings import load_settings
+from tests.conftest import REPO, SWITCHYARD, write_models_file
+
+pytestmark = [pytest.mark.integration]
+
+RELOAD_S = 0.5
+"""``state.reload_s`` of these apps: the promised bound for a revocation."""
+MARGIN_S = 1.5
+"""Slack for a shared, busy machine."""
+TENANTS = {
+    "acme": {"limits": {"requests_per_s": 1000, "burst": 1000}},
+    "ops": {"admin": True, "limits": {"requests_per_s": 1000, "burst": 1000}},
+}
+
+
+def shared_config(
+    tmp: Path, name: str, dsn: str, fake_url: str, *, state: dict[str, Any] | None = None, **extra: Any
+) -> Path:
+    """A config file for one replica: its own data directory, the shared database."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    models = tmp / "models.yaml"
+    if not models.exists():
+        write_models_file(models, None, fake_url, chat_default="fake-ok")
+    config = tmp / f"{name}.yaml"
+    body: dict[str, Any] = {
+        "data_dir": str(tmp / f"data-{name}"),
+        "gateway": {"models_file": str(models)},
+        "graphs": {"chat": {"path": "graphs.chat:make_graph", "model": "fake-ok"}},
+        "threads": {"postgres_dsn": dsn},
+        "state": {"reload_s": RELOAD_S, "replica_id": name, **(state or {})},
+        "auth": {"tenants": TENANTS},
+        **extra,
+    }
+    config.write_text(yaml.safe_dump(body))
+    return config
+
+
+@asynccontextmanager
+async def running(config: Path) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The app of ``config`` with its lifespan running, and a client to it."""
+    app = create_app(load_settings(config))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://replica", timeout=30) as client:
+            yield app, client
+
+
+def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SWITCHYARD), "--config", str(config), "keys", *args],
+        capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), check=False, timeout=60,
+    )
+
+
+def admin_key(config: Path) -> str:
+    result = cli(config, "create", "--tenant", "ops")
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+async def models(client: httpx.AsyncClient, key: str) -> int:
+    return (await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})).status_code
+
+
+async def within(seconds: float, probe: Callable[[], Any], expected: Any) -> float:
+    """Seconds until ``await probe()`` equals ``expected``; fails after ``seconds``."""
+    started = time.monotonic()
+    while True:
+        got = await probe()
+        if got == expected:
+            return time.monotonic() - started
+        assert time.monotonic() - started < seconds, f"still {got!r} after {seconds} s (wanted {expected!r})"
+        await asyncio.sleep(0.05)
+
+
+def test_cli_writes_the_shared_store(tmp_path: Path, postgres_dsn: str, fake_backend_url: str) -> None:
+    """`switchyard keys create|list|revoke` on the database, not the keys file."""
+    config = shared_config(tmp_path, "cli", postgres_dsn, fake_backend_url)
+    created = cli(config, "create", "--tenant", "acme")
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert "switchyard_api_keys" in created.stderr
+    assert not (tmp_path / "data-cli" / "keys.yaml").exists()
+    with psycopg.connect(postgres_dsn) as connection:
+        rows = connection.execute("SELECT id, tenant, sha256 FROM switchyard_api_keys").fetchall()
+        version = connection.execute("SELECT version FROM switchyard_api_keys_version").fetchone()
+    assert [(tenant, sha) for _, tenant, sha in rows] == [("acme", hash_key(key))]
+    assert version == (1,)
+    key_id = rows[0][0]
+    listed = cli(config, "list")
+    assert listed.returncode == 0 and key_id in listed.stdout and key not in listed.stdout
+    unknown = cli(config, "create", "--tenant", "nobody")
+    assert unknown.returncode != 0 and "unknown tenant 'nobody'" in unknown.stderr
+    assert cli(config, "revoke", key_id).returncode == 0
+    again = cli(config, "revoke", key_id)
+    assert again.returncode != 0 and f"no key '{key_id}'" in again.stderr
+    assert key_id not in cli(config, "list").stdout
+
+
+async def test_key_created_through_one_app_works_on_the_other(tmp_path: Path, postgres_dsn: str, fake_backend_url: str) -> None:
+    """POST /admin/keys on A: B accepts the key at once; DELETE on B: A refuses it within
+    reload_s. Listing shows ids, never keys or hashes; bad requests are named."""
+    config_a = shared_config(tmp_path, "A", postgres_dsn, fake_backend_url)
+    config_b = shared_config(tmp_path, "B", postgres_dsn, fake_backend_url)
+    admin = admin_key(config_a)
+    async with AsyncExitStack() as stack:
+        _, a = await stack.enter_async_context(running(config_a))
+        _, b = await stack.enter_async_context(running(config_b))
+        for client in (a, b):  # warm: both replicas have loaded the store
+            assert await models(client, admin) == 200
+        created = await a.post("/admin/keys", json={"tenant": "acme"}, headers={"x-api-key": admin})
+        assert created.status_code == 201, created.text
+        body = created.json()
+        key, key_id = body["key"], body["id"]
+        assert body["tenant"] == "acme" and key.startswith("sy-")
+        assert await models(b, key) == 200  # at once: no waiting for a reload
+        assert await models(a, key) == 200
+
+        listing = await b.get("/admin/keys", headers={"x-api-key": admin})
+        assert listing.status_code == 200
+        assert key_id in {k["id"] for k in listing.json()["keys"]}
+        assert key not in listing.text and hash_key(key) not in listing.text
+        assert "switchyard_api_keys" in listing.json()["store"]
+
+        unknown = await a.post("/admin/keys", json={"tenant": "nobody"}, headers={"x-api-key": admin})
+        assert unknown.status_code == 400 and "nobody" in unknown.json()["detail"]
+        missing = await a.delete("/admin/keys/nope", headers={"x-api-key": admin})
+        assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+        not_admin = await a.post("/admin/keys", json={"tenant": "acme"}, headers={"x-api-key": key})
+        assert not_admin.status_code == 403
+
+        revoked = await b.delete(f"/admin/keys/{key_id}", headers={"x-api-key": admin})
+        assert revoked.status_code == 200 and revoked.json()["id"] == key_id
+        assert await models(b, key) == 401  # the replica that revoked it: at once
+        took = await within(RELOAD_S + MARGIN_S, lambda: models(a, key), 401)
+        assert took <= RELOAD_S + MARGIN_S
+    audit = (tmp_path / "data-A" / "audit" / "audit.jsonl").read_text()
+    assert '"type": "key_created"' in audit and key_id in audit
+
+
+async def test_cli_revoke_is_refused_within_reload_s(tmp_path: Path, postgres_dsn: str, fake_backend_url: str) -> None:
+    """A key revoked by the CLI (no server involved) is refused by a running app within
+    reload_s."""
+    config = shared_config(tmp_path, "A", postgres_dsn, fake_backend_url)
+    async with running(config) as (_, client):
+        created = cli(config, "create", "--tenant", "acme")  # after the app started: found at once
+        key = created.stdout.strip()
+        assert await models(client, key) == 200
+        key_id = next(line.split("\t")[0] for line in cli(config, "list").stdout.splitlines() if "acme" in line)
+        assert cli(config, "revoke", key_id).returncode == 0
+        took = await within(RELOAD_S + MARGIN_S, lambda: models(client, key), 401)
+        assert took <= RELOAD_S + MARGIN_S
+
+
+def _database(dsn: str) -> tuple[str, str]:
+    base, name = dsn.rsplit("/", 1)
+    return base + "/postgres", name
+
+
+def _cut_off(dsn: str, allow: bool) -> None:
+    """Make the test's database refuse connections (and end its sessions), or accept again."""
+    admin, name = _database(dsn)
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allow).lower()}')
+        if not allow:
+            connection.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+
+async def test_database_down_keeps_loaded_keys(
+    tmp_path: Path, postgres_dsn: str, fake_backend_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database unreachable: a loaded key still works, an unknown key gets 503
+    naming the key store (never 500 or 401), logged once; back: all works again."""
+    config = shared_config(tmp_path, "A", postgres_dsn, fake_backend_url)
+    key = admin_key(config)
+    async with running(config) as (app, client):
+        assert await models(client, key) == 200
+        _cut_off(postgres_dsn, allow=False)
+        try:
+            caplog.clear()
+            for _ in range(3):
+                assert await models(client, key) == 200
+                answer = await client.get("/v1/models", headers={"Authorization": "Bearer sy-not-a-key"})
+                assert answer.status_code == 503, answer.text
+                assert "key store" in answer.text
+            await asyncio.sleep(RELOAD_S * 3)  # the follower fails too, quietly after the first time
+            outage_logs = [r for r in caplog.records if "cannot be reached" in r.getMessage() and r.levelname == "ERROR"]
+            assert len(outage_logs) == 1, [r.getMessage() for r in outage_logs]
+        finally:
+            _cut_off(postgres_dsn, allow=True)
+        fresh = cli(config, "create", "--tenant", "acme").stdout.strip()
+        await within(10, lambda: models(client, fresh), 200)
+        assert await models(client, "sy-not-a-key") == 401
+        assert await models(client, key) == 200
+
+
+async def test_keys_file_is_imported_once(tmp_path: Path, postgres_dsn: str, fake_backend_url: str) -> None:
+    """An empty store takes the data directory's keys.yaml once; a store emptied by
+    revocations is not refilled from it."""
+    # Made in file mode first (no DSN), as a single server would have.
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data-A"), "auth": {"tenants": TENANTS}}))
+    key = cli(plain, "create", "--tenant", "acme").stdout.strip()
+    assert (tmp_path / "data-A" / "keys.yaml").exists()
+    config = shared_config(tmp_path, "A", postgres_dsn, fake_backend_url)
+    async with running(config) as (_, client):
+        assert await models(client, key) == 200
+    key_id = yaml.safe_load((tmp_path / "data-A" / "keys.yaml").read_text())[0]["id"]
+    assert cli(config, "revoke", key_id).returncode == 0
+    async with running(config) as (_, client):  # the file is still there: not imported again
+        assert await models(client, key) == 401
