@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
@@ -48,6 +49,7 @@ from serving.langgraph_api.service import (
     thread_events,
 )
 from serving.runs import RunRecord, served_by
+from serving.shared.runs import SharedRun
 from serving.sse import SSE_EVENT_SCHEMA, EventStream, cancel_on_disconnect, read_ahead
 from serving.sse import cancel_on_disconnect as _disconnect_cancels  # `join_run` has a parameter of that name
 
@@ -274,7 +276,7 @@ async def _stream(
     close = None
     if body.stream_resumable or body.on_disconnect == "continue":
         # The run belongs to the server now: a client that leaves can come back.
-        service.start_background(started)
+        await service.start_background(started)
         frames = run.follow()
         if run.thread_id is not None:
             headers["Location"] = f"/threads/{quote(run.thread_id)}/runs/{run.run_id}/stream"
@@ -364,7 +366,7 @@ async def create_background_run(
     principal, deadline_s = request.state.principal, request.state.deadline_s
     async with cancel_on_disconnect(request.receive):
         started = await service.start_run(thread_id, body, request_id, principal, deadline_s)
-    service.start_background(started)
+    await service.start_background(started)
     run = started.record
     return _json(run.json(), headers={"Content-Location": _location(run.thread_id, run.run_id)})
 
@@ -377,7 +379,7 @@ async def create_stateless_background_run(
     principal, deadline_s = request.state.principal, request.state.deadline_s
     async with cancel_on_disconnect(request.receive):
         started = await service.start_run(None, body, request_id, principal, deadline_s)
-    service.start_background(started)
+    await service.start_background(started)
     run = started.record
     return _json(run.json(), headers={"Content-Location": _location(run.thread_id, run.run_id)})
 
@@ -408,14 +410,14 @@ async def list_runs(
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
     status: RunStatusName | None = None,
 ) -> Response:
-    """The thread's runs this server process knows of, newest first."""
+    """The thread's runs, newest first (with replicas: every replica's)."""
     await service.get_thread(thread_id, principal)  # 404 for an unknown thread
-    return _json(service.thread_runs(thread_id, principal, limit=limit, offset=offset, status=status))
+    return _json(await service.thread_runs(thread_id, principal, limit=limit, offset=offset, status=status))
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run)
 async def get_run(thread_id: ThreadIdPath, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
-    return _json(service.run_record(thread_id, run_id, principal).json())
+    return _json((await service.find_run(thread_id, run_id, principal)).json())
 
 
 @router.delete(
@@ -423,7 +425,7 @@ async def get_run(thread_id: ThreadIdPath, run_id: str, service: ServiceDep, pri
 )
 async def delete_run(thread_id: ThreadIdPath, run_id: str, service: ServiceDep, principal: PrincipalDep) -> Response:
     """Forget a finished run (409 while it is not finished)."""
-    service.delete_run(thread_id, run_id, principal)
+    await service.delete_run(thread_id, run_id, principal)
     return Response(status_code=204)
 
 
@@ -493,7 +495,7 @@ def _run_event_id(value: str | None) -> int:
     return int(value)
 
 
-async def _cancel_if_left(frames: AsyncIterator[str], run: RunRecord) -> AsyncIterator[str]:
+async def _cancel_if_left(frames: AsyncIterator[str], run: RunRecord | SharedRun, service: LangGraphService) -> AsyncIterator[str]:
     """``frames``; if the stream stops before they end (the client left, or the server
     is shutting down), the run is cancelled."""
     ended = False
@@ -504,17 +506,38 @@ async def _cancel_if_left(frames: AsyncIterator[str], run: RunRecord) -> AsyncIt
             ended = True
         finally:
             if not ended and not run.done:
-                run.guard.stop(RunCancelledError("the client that joined with cancel_on_disconnect left"))
+                await _cancel_left(service, run)
 
 
-def _join(run: RunRecord, request: Request, last_event_id: str | None, stream_mode: list[str] | None, cancel: bool) -> EventStream:
+async def _cancel_left(service: LangGraphService, run: RunRecord | SharedRun) -> None:
+    reason = "the client that joined with cancel_on_disconnect left"
+    if isinstance(run, RunRecord):
+        run.guard.stop(RunCancelledError(reason))
+        return
+    # Another replica's run: asked through the board, from a task of its own (this
+    # one may be cancelled, and the request must still go out).
+    task = asyncio.get_running_loop().create_task(service.cancel(run, reason))
+    _LEFT.add(task)
+    task.add_done_callback(_LEFT.discard)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+_LEFT: set[asyncio.Task[None]] = set()
+
+
+def _join(
+    service: LangGraphService,
+    run: RunRecord | SharedRun,
+    request: Request,
+    last_event_id: str | None,
+    stream_mode: list[str] | None,
+    cancel: bool,
+) -> EventStream:
     events = join_events(stream_mode)
-    if run.frames is None:
-        raise ServingError(409, f"run {run.run_id!r} was not started resumable; its stream cannot be joined")
-    frames = run.follow(_run_event_id(last_event_id), events)
+    frames = service.follow(run, _run_event_id(last_event_id), events)
     server = request.app.state.platform.settings.server
     return EventStream(
-        _cancel_if_left(frames, run) if cancel else frames,
+        _cancel_if_left(frames, run, service) if cancel else frames,
         keepalive_s=server.keepalive_s,
         drain=request.app.state.drain,
         grace_s=server.shutdown_grace_s,
@@ -536,7 +559,8 @@ async def join_run_stream(
     """Join a background or resumable run's stream: the events after
     ``Last-Event-ID`` (all of them without it), then live ones until the run ends;
     ``stream_mode`` filters them (event ids stay the run's own)."""
-    return _join(service.run_record(thread_id, run_id, principal), request, last_event_id, stream_mode, cancel_on_disconnect)
+    run = await service.find_run(thread_id, run_id, principal)
+    return _join(service, run, request, last_event_id, stream_mode, cancel_on_disconnect)
 
 
 @router.get("/runs/{run_id}/stream", response_class=EventStream, status_code=200, responses=_STREAM)
@@ -550,7 +574,8 @@ async def join_stateless_run_stream(
     cancel_on_disconnect: CancelOnDisconnect = False,
 ) -> EventStream:
     """Join a stateless background run's stream (``POST /runs``), as for a thread's run."""
-    return _join(service.stateless_run(run_id, principal), request, last_event_id, stream_mode, cancel_on_disconnect)
+    run = await service.find_stateless_run(run_id, principal)
+    return _join(service, run, request, last_event_id, stream_mode, cancel_on_disconnect)
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/join", response_model=dict[str, Any])
@@ -563,18 +588,18 @@ async def join_run(
     cancel_on_disconnect: CancelOnDisconnect = False,
 ) -> Response:
     """Wait for the run to end; answer with the thread's values."""
-    run = service.run_record(thread_id, run_id, principal)
+    run = await service.find_run(thread_id, run_id, principal)
     if cancel_on_disconnect:
         ended = False
         try:
             async with _disconnect_cancels(request.receive):
-                await run.wait()
+                await service.join(run)
             ended = True
         finally:
             if not ended and not run.done:  # the client left (or the server is stopping)
-                run.guard.stop(RunCancelledError("the client that joined with cancel_on_disconnect left"))
+                await _cancel_left(service, run)
     else:
-        await run.wait()
+        await service.join(run)
     state = await service.thread_state(thread_id, principal)
     return _json(state["values"])
 
@@ -626,9 +651,6 @@ async def cancel_run(
     ``reason`` is carried into the run's ``error`` event."""
     if action != "interrupt":
         raise ServingError(400, "cancel action 'rollback' is not supported; use interrupt")
-    run = service.run_record(thread_id, run_id, principal)
-    if not run.done:
-        run.guard.stop(RunCancelledError(f"cancelled on request: {reason}" if reason else "cancelled on request"))
-        if wait:
-            await run.wait()
+    run = await service.find_run(thread_id, run_id, principal)
+    await service.cancel(run, f"cancelled on request: {reason}" if reason else "cancelled on request", wait=wait)
     return Response(status_code=204 if wait else 202)

@@ -66,6 +66,7 @@ from serving.langgraph_api.protocol import (
 from serving.store import tenant_graph
 from serving.runs import ClientError, RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages
 from serving.runs.registry import CONTROL_EVENTS, end_frame, event_mode
+from serving.shared.runs import SharedRun
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
 
 __all__ = [
@@ -862,6 +863,15 @@ class LangGraphService:
                     raise ServingError(
                         409, f"thread {thread_id!r}: run {active.run_id} has not ended yet; nothing was deleted, try again"
                     ) from None
+            elif runs.board is not None and (shared := await runs.board.active_on(thread_id)) is not None:
+                # Another replica's run (thread claims are per replica; the run is asked
+                # to stop through the board and waited for the same way).
+                await runs.board.request_cancel(shared.run_id, "the thread is being deleted")
+                if not await runs.board.wait_ended(shared.run_id, self._delete_wait_s):
+                    raise ServingError(
+                        409, f"thread {thread_id!r}: run {shared.run_id} (on replica {shared.replica_id}) has not "
+                        "ended yet; nothing was deleted, try again"
+                    )
             # Checkpoints first: a failure leaves the record, and deleting again finishes.
             await self._checkpointer.adelete_thread(thread_id)
             await self._threads.delete(thread_id)
@@ -960,6 +970,7 @@ class LangGraphService:
             configurable["checkpoint_id"] = checkpoint_id
             if await self._checkpointer.aget_tuple({"configurable": configurable}) is None:
                 raise ServingError(404, f"checkpoint {checkpoint_id!r} not found on thread {thread_id!r}")
+        await self._refuse_if_shared_run(thread_id)
         with self._host.runs.claim(thread_id, "update"):
             try:
                 config = await graph.aupdate_state({"configurable": configurable}, values, as_node=body.as_node)
@@ -987,6 +998,7 @@ class LangGraphService:
             ServingError: 404 unknown thread; 409 a run in progress, or no state yet.
         """
         await self._record(thread_id, principal)
+        await self._refuse_if_shared_run(thread_id)
         with self._host.runs.claim(thread_id, "update"):
             latest = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
             saved = await self._checkpointer.aget_tuple(latest)
@@ -1317,14 +1329,34 @@ class LangGraphService:
         return StartedRun(record=run_record, first=first, events=events, routing=plan.routing)
 
     def run_record(self, thread_id: str, run_id: str, principal: Principal) -> RunRecord:
-        """Raises ServingError 404 for an unknown run (or another tenant's)."""
+        """A run this replica hosts (or hosted).
+
+        Raises:
+            ServingError: 404 for an unknown run (or another tenant's).
+        """
         record = self._host.runs.get(run_id, principal.tenant, thread_id)
         if record is None:
             raise ServingError(404, f"run {run_id!r} not found on thread {thread_id!r}")
         return record
 
+    async def find_run(self, thread_id: str, run_id: str, principal: Principal) -> RunRecord | SharedRun:
+        """A run on the thread: this replica's record, else (replicas) the shared one
+        of the replica that hosts it.
+
+        Raises:
+            ServingError: 404 for an unknown run (or another tenant's).
+        """
+        record = self._host.runs.get(run_id, principal.tenant, thread_id)
+        if record is not None:
+            return record
+        board = self._host.runs.board
+        shared = await board.get(run_id) if board is not None else None
+        if shared is None or shared.tenant != principal.tenant or shared.thread_id != thread_id:
+            raise ServingError(404, f"run {run_id!r} not found on thread {thread_id!r}")
+        return shared
+
     def stateless_run(self, run_id: str, principal: Principal) -> RunRecord:
-        """A stateless run (one with no thread of its own).
+        """A stateless run (one with no thread of its own) this replica hosts.
 
         Raises:
             ServingError: 404 for an unknown run, another tenant's, or a thread's run
@@ -1335,12 +1367,100 @@ class LangGraphService:
             raise ServingError(404, f"stateless run {run_id!r} not found")
         return record
 
-    def thread_runs(
+    async def find_stateless_run(self, run_id: str, principal: Principal) -> RunRecord | SharedRun:
+        """`stateless_run`, else (replicas) the shared record of another replica's."""
+        try:
+            return self.stateless_run(run_id, principal)
+        except ServingError:
+            board = self._host.runs.board
+            shared = await board.get(run_id) if board is not None else None
+            if shared is None or shared.tenant != principal.tenant or shared.thread_id is not None:
+                raise
+            return shared
+
+    async def thread_runs(
         self, thread_id: str, principal: Principal, *, limit: int = 10, offset: int = 0, status: str | None = None
     ) -> list[dict[str, Any]]:
-        """The thread's runs this process knows of, newest first, ``status`` only if given."""
-        found = [r for r in self._host.runs.of_thread(thread_id, principal.tenant) if status is None or r.status == status]
+        """The thread's runs, newest first, ``status`` only if given: this replica's,
+        and (replicas) every other replica's."""
+        found: list[RunRecord | SharedRun] = list(self._host.runs.of_thread(thread_id, principal.tenant))
+        board = self._host.runs.board
+        if board is not None:
+            local = {r.run_id for r in found}
+            found += [r for r in await board.of_thread(thread_id, principal.tenant) if r.run_id not in local]
+            found.sort(key=lambda r: r.created_at, reverse=True)
+        found = [r for r in found if status is None or r.status == status]
         return [r.json() for r in found[offset : offset + limit]]
+
+    async def cancel(self, run: RunRecord | SharedRun, reason: str, *, wait: bool = False) -> None:
+        """Cancel a run wherever it runs (``action=interrupt``: what it saved stays);
+        with ``wait``, until it has ended (a remote run: at most ``delete_wait_s``).
+
+        Raises:
+            ServingError: 409 when ``wait`` and another replica's run has not ended in time.
+        """
+        if isinstance(run, RunRecord):
+            if not run.done:
+                run.guard.stop(RunCancelledError(reason))
+                if wait:
+                    await run.wait()
+            return
+        board = self._host.runs.board
+        assert board is not None
+        if run.done or not await board.request_cancel(run.run_id, reason):
+            return
+        if wait and not await board.wait_ended(run.run_id, self._delete_wait_s):
+            raise ServingError(
+                409, f"run {run.run_id!r} (on replica {run.replica_id}) has not ended yet; the cancel stays requested"
+            )
+
+    async def join(self, run: RunRecord | SharedRun) -> None:
+        """Wait for a run to end, wherever it runs."""
+        if isinstance(run, RunRecord):
+            await run.wait()
+            return
+        board = self._host.runs.board
+        assert board is not None
+        await board.wait_ended(run.run_id, None)
+
+    def follow(self, run: RunRecord | SharedRun, after: int, events: frozenset[str] | None) -> AsyncIterator[str]:
+        """A background run's frames after ``after``, then live ones until it ends.
+
+        Raises:
+            ServingError: 409 for a run that was not started resumable.
+        """
+        if isinstance(run, RunRecord):
+            if run.frames is None:
+                raise ServingError(409, f"run {run.run_id!r} was not started resumable; its stream cannot be joined")
+            return run.follow(after, events)
+        board = self._host.runs.board
+        assert board is not None
+        if not run.background:
+            raise ServingError(409, f"run {run.run_id!r} was not started resumable; its stream cannot be joined")
+        return board.follow(run.run_id, after, events)
+
+    async def reaped_thread(self, thread_id: str) -> None:
+        """The thread's run was ended by a sweeper (its replica died): its status as a
+        cancelled run leaves it (``interrupted`` when its checkpoint waits at an
+        interrupt, else ``idle``)."""
+        record = await self._threads.get(thread_id)
+        if record is None:
+            return
+        graph = self._threaded(record.graph_id)
+        status: ThreadStatus = "idle"
+        if graph is not None:
+            snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+            status = "interrupted" if snapshot.interrupts else "idle"
+        await self._threads.update(thread_id, status=status)
+
+    async def _refuse_if_shared_run(self, thread_id: str) -> None:
+        """Raises ServingError 409 while another replica runs the thread (replicas)."""
+        board = self._host.runs.board
+        if board is not None and (active := await board.active_on(thread_id)) is not None:
+            if self._host.runs.lookup(active.run_id) is None:
+                raise ServingError(
+                    409, f"thread {thread_id!r} has a run in progress ({active.run_id}, on replica {active.replica_id})"
+                )
 
     async def cancel_runs(self, body: RunsCancel, principal: Principal) -> None:
         """``POST /runs/cancel``: cancel the tenant's runs named by ``run_ids`` (on
@@ -1356,10 +1476,21 @@ class LangGraphService:
         if body.run_ids is None and body.status is None:
             raise ServingError(422, "run_ids or status is required")
         runs = self._host.runs
+        board = runs.board
         if body.thread_id is not None:
             await self._record(body.thread_id, principal)
+        chosen: list[RunRecord | SharedRun]
         if body.run_ids is not None:
-            found = {run_id: runs.get(run_id, principal.tenant, body.thread_id) for run_id in dict.fromkeys(body.run_ids)}
+            found: dict[str, RunRecord | SharedRun | None] = {}
+            for run_id in dict.fromkeys(body.run_ids):
+                record: RunRecord | SharedRun | None = runs.get(run_id, principal.tenant, body.thread_id)
+                if record is None and board is not None:
+                    shared = await board.get(run_id)
+                    if shared is not None and shared.tenant == principal.tenant and (
+                        body.thread_id is None or shared.thread_id == body.thread_id
+                    ):
+                        record = shared
+                found[run_id] = record
             if missing := [run_id for run_id, record in found.items() if record is None]:
                 where = f" on thread {body.thread_id!r}" if body.thread_id is not None else ""
                 more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
@@ -1368,20 +1499,32 @@ class LangGraphService:
                 )
             chosen = [record for record in found.values() if record is not None]
         else:
-            chosen = runs.of_tenant(principal.tenant)
+            chosen = list(runs.of_tenant(principal.tenant))
+            if board is not None:
+                local = {r.run_id for r in chosen}
+                chosen += [r for r in await board.of_tenant(principal.tenant) if r.run_id not in local]
             if body.thread_id is not None:
                 chosen = [r for r in chosen if r.thread_id == body.thread_id]
         for record in chosen:
             if not record.done and body.status in (None, "all", record.status):
-                record.guard.stop(RunCancelledError("cancelled on request"))
+                await self.cancel(record, "cancelled on request")
 
-    def delete_run(self, thread_id: str, run_id: str, principal: Principal) -> None:
-        """Forget a finished run.
+    async def delete_run(self, thread_id: str, run_id: str, principal: Principal) -> None:
+        """Forget a finished run (wherever it ran).
 
         Raises:
             ServingError: 404 unknown run; 409 a run not finished.
         """
-        self._host.runs.delete(self.run_record(thread_id, run_id, principal))
+        run = await self.find_run(thread_id, run_id, principal)
+        if isinstance(run, RunRecord):
+            self._host.runs.delete(run)
+            return
+        if not run.done:
+            raise ServingError(409, f"run {run_id!r} is {run.status}; cancel it first")
+        board = self._host.runs.board
+        assert board is not None
+        board.forget(run_id)
+        await board.flushed(run_id, 10.0)
 
     def relay(self, started: StartedRun) -> AsyncIterator[str]:
         """A foreground run's SSE frames, also handed to its thread's streams."""
@@ -1435,7 +1578,7 @@ class LangGraphService:
             for index, item in enumerate(items):
                 with _batch_item(index):
                     run = await self.start_run(item.thread_id, item, request_id, principal, deadline_s)
-                self.start_background(run)
+                await self.start_background(run)
                 started.append(run.record)
         except BaseException:
             for record in started:
@@ -1446,11 +1589,15 @@ class LangGraphService:
             raise
         return [record.json() for record in started]
 
-    def start_background(self, started: StartedRun) -> None:
-        """Run on in a task of the server's, keeping the frames for `follow`."""
-        self._host.runs.start_background(
+    async def start_background(self, started: StartedRun) -> None:
+        """Run on in a task of the server's, keeping the frames for `follow` (replicas:
+        on the board too, marked before this returns, so any replica can join it)."""
+        runs = self._host.runs
+        runs.start_background(
             started.record, sse_frames(started.events, started.first, run_id=started.record.run_id), started.events.aclose
         )
+        if runs.board is not None:
+            await runs.board.flushed(started.record.run_id, 10.0)
 
     async def aclose(self) -> None:
         await self._host.aclose()

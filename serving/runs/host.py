@@ -65,7 +65,7 @@ T = TypeVar("T")
 RunHook = Callable[[str], Awaitable[None]]
 """Awaited at each of `STAGES` (tests inject cancellations there)."""
 
-STAGES = ("make_way", "acquired", "thread_busy", "running", "streamed", "ending")
+STAGES = ("make_way", "acquired", "admitted", "thread_busy", "running", "streamed", "ending")
 """The await points of a run's set-up and tear-down, in order."""
 
 Outcome = Literal["ok", "blocked", "error", "cancelled"]
@@ -124,6 +124,9 @@ class ActiveRun:
         self.thread_status: ThreadStatus | None = None
         """Set by the service when the run ends normally; else read at the end."""
         self.run_status: RunStatus = "error"
+        self.refused = False
+        """Refused by another replica's run on its thread before it started: it leaves
+        no record, audit record or run metric (as a refusal on this replica)."""
         self._host = host
         self._stop = plan.record.guard if plan.record is not None else RunGuard()
         self.routing = plan.routing or RouteScope(key=plan.thread_id or plan.request_id)
@@ -260,16 +263,30 @@ class RunHost:
             # take the thread (nor a delete claim it) in between.
             stack.callback(self.slots.acquire(plan.principal))
             run = ActiveRun(plan, self, self._start_span(plan), OutputGuard(self._guardrails.output_policy(plan.principal)))
+            board = self.runs.board
             if record is not None:
                 self.runs.add(record)
-                record.set_status("running")
+                if board is None:
+                    record.set_status("running")
                 stack.callback(self._end_record, record, run)
             self.metrics.runs_in_flight.inc()
             stack.callback(self._finish, run)
             try:
                 await self.at("acquired")
+                if record is not None and board is not None:
+                    # Across replicas: the row's insert is the admission (one active
+                    # run per thread), awaited here, inside the stack: a refusal or a
+                    # cancel unwinds what was taken, and the row goes with the record.
+                    try:
+                        await board.admit(record, deadline_s=plan.deadline_s)
+                    except BaseException as exc:
+                        if isinstance(exc, ServingError):
+                            run.refused = True
+                        raise
+                    record.set_status("running")
                 if plan.thread_id is not None and self.threads is not None:
                     stack.push_async_callback(self._settle_thread, plan.thread_id, run)
+                    await self.at("admitted")
                     # One write: busy, the graph, and its ids in the thread's metadata.
                     await self.threads.update(
                         plan.thread_id, status="busy", graph_id=plan.target, metadata=plan.thread_metadata
@@ -342,10 +359,15 @@ class RunHost:
         run.thread_status = status
 
     def _end_record(self, record: RunRecord, run: ActiveRun) -> None:
+        if run.refused:
+            self.runs.discard(record)
+            return
         if run.routing.backend is not None:
             record.metadata["switchyard_backend"] = run.routing.backend
         self.runs.ended(record)
         record.finish(run.run_status)
+        if self.runs.board is not None:
+            self.runs.board.ended(record)
 
     def count_backend_error(self, error: BaseException) -> None:
         if isinstance(error, (BackendUnavailableError, BackendResponseError)):
@@ -357,6 +379,9 @@ class RunHost:
         outcome = run.outcome or "error"
         kind = run.metric_kind
         self.metrics.runs_in_flight.dec()
+        if run.refused:
+            run.span.end("error", run.error)
+            return
         backend = run.routing.backend or "none"
         self.metrics.runs.labels(kind, plan.target, outcome, backend).inc()
         if run.tokens:

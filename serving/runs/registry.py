@@ -21,6 +21,11 @@ too slow to keep up is disconnected (its stream ends with an ``error`` event), n
 waited for, so a run never slows down for its watchers; it can reconnect with
 ``Last-Event-ID`` and replays what background runs kept.
 
+With replicas sharing PostgreSQL (`serving.shared.runs.RunBoard`, ``board``), every
+record is also written to the board, and a background run's frames too, so that
+other replicas can read, join, stream and cancel it; this registry stays the
+authority for the runs this process hosts.
+
 Thread claims serialise what must not overlap a run on the same thread: a delete
 (``claim(thread, "delete")``) refuses new runs and state updates while it cancels
 the thread's run and removes its checkpoints and record, so no run can write a
@@ -40,12 +45,15 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
 from serving._tasks import RunGuard
 from serving.errors import ServingError
+
+if TYPE_CHECKING:
+    from serving.shared.runs import RunBoard
 
 __all__ = ["CONTROL_EVENTS", "RunRecord", "RunRegistry", "RunStatus", "ThreadOp", "ThreadWatcher", "end_frame", "event_mode"]
 
@@ -258,7 +266,10 @@ class RunRegistry:
         replay_bytes: int = 1 << 20,
         finished_replay_bytes: int = 64 << 20,
         watch_bytes: int = 8 << 20,
+        board: RunBoard | None = None,
     ) -> None:
+        self.board = board
+        """The shared run board (replicas), or None for a single replica."""
         self._replay_bytes = replay_bytes
         self._finished_replay_bytes = finished_replay_bytes
         self._finished_frames = 0
@@ -374,6 +385,8 @@ class RunRegistry:
             self._forget(run)
         for watcher in self._watchers.get(thread_id, ()):
             watcher.close()
+        if self.board is not None:
+            self.board.forget_thread(thread_id)
 
     def _forget(self, record: RunRecord) -> None:
         self._runs.pop(record.run_id, None)
@@ -390,6 +403,24 @@ class RunRegistry:
         if not record.done:
             raise ServingError(409, f"run {record.run_id!r} is {record.status}; cancel it first")
         self._forget(record)
+        if self.board is not None:
+            self.board.forget(record.run_id)
+
+    def discard(self, record: RunRecord) -> None:
+        """Drop a run that was added but refused before it started (another replica's
+        run holds its thread): no trace is kept; local waiters on it wake."""
+        self._runs.pop(record.run_id, None)
+        if record.thread_id is not None and self._active.get(record.thread_id) is record:
+            del self._active[record.thread_id]
+        record.finish("error")
+
+    def lookup(self, run_id: str) -> RunRecord | None:
+        """The record of a run this process knows of, whoever's it is."""
+        return self._runs.get(run_id)
+
+    def running_ids(self) -> list[str]:
+        """The runs this process hosts that have not ended."""
+        return [run_id for run_id, record in self._runs.items() if not record.done]
 
     def add(self, record: RunRecord) -> None:
         self._prune()
@@ -445,11 +476,21 @@ class RunRegistry:
         """
         record.frames = []
         record.replay_bytes = self._replay_bytes
+        board = self.board
+
+        if board is not None:
+            board.mark_background(record)
 
         async def pump() -> None:
-            async with aclosing(self.relay(record, frames)) as relayed:  # type: ignore[type-var]
-                async for frame in relayed:
-                    record.append(frame)
+            try:
+                async with aclosing(self.relay(record, frames)) as relayed:  # type: ignore[type-var]
+                    async for frame in relayed:
+                        record.append(frame)
+                        if board is not None:
+                            board.frame(record, record.dropped + len(record.frames) - 1, frame)  # type: ignore[arg-type]
+            finally:
+                if board is not None:
+                    board.pumped(record)
 
         task = asyncio.get_running_loop().create_task(pump())
         self._tasks[task] = close

@@ -1,0 +1,833 @@
+"""The run board: run records that replicas share through PostgreSQL.
+
+With ``state.postgres_dsn`` (or ``threads.postgres_dsn``) set, every replica writes
+the runs it hosts to ``switchyard_runs`` and the frames of its background runs to
+``switchyard_run_frames``, so that any replica can read, list, join, stream and
+cancel a run that another one hosts. A run still runs in the process that started it
+(its graph, its task); the board is how the others see it and reach it.
+
+Tables (created idempotently at start, under an advisory lock):
+
+- ``switchyard_replicas(replica_id, seen_at, started_at)``: each replica's heartbeat,
+  ``seen_at = now()`` every ``state.heartbeat_s``.
+- ``switchyard_runs``: one row per run (the `RunRecord` fields, the hosting
+  ``replica_id``, ``background``, ``cancel_reason``, ``error``, ``ended_at``). A partial
+  unique index on ``thread_id`` over the active statuses (``pending``, ``running``)
+  keeps one active run per thread across replicas: inserting the row is a run's
+  cross-replica admission.
+- ``switchyard_run_frames(run_id, idx, frame)``: a background run's SSE frames, bounded
+  per run like the in-memory buffer (``server.replay_max_bytes``, oldest dropped).
+
+Guarantees and how they are kept:
+
+- A run's row exists before the request that started it answers (the insert is
+  awaited inside `serving.runs.RunHost.open`). Later writes (status, background,
+  frames, the end) go through one ordered writer task: a failure is logged and never
+  breaks the run; frames are written before the end that follows them.
+- Wake-ups ride on one ``LISTEN switchyard_runs`` connection (reconnecting):
+  ``f:<run_id>`` new frames, ``e:<run_id>`` a run ended, ``c:<run_id>`` a cancel was
+  requested. Every wait also polls each ``state.heartbeat_s``, so a lost notification
+  only delays; the owner polls its own runs' ``cancel_reason`` (and finds runs ended
+  under it by a sweeper) each heartbeat too.
+- Leases are on the database's clock: a replica not seen for ``state.lease_s`` is
+  dead; any other replica's sweeper ends its active runs (``error``, saying which
+  replica stopped), appends an ``error`` frame for followers, sets the thread's status
+  as a cancelled run's would be, and counts ``switchyard_replica_runs_reaped_total``.
+  ``FOR UPDATE SKIP LOCKED`` makes one sweeper win each run.
+- A replica that starts under the id of one that died ends that one's runs first; one
+  that stops cleanly ends its runs as a single replica does, flushes its writes and
+  removes its replica row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from psycopg import AsyncConnection, sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from serving._tasks import RunCancelledError
+from serving.errors import ServingError
+from serving.runs.registry import CONTROL_EVENTS, event_mode
+
+if TYPE_CHECKING:
+    from serving.observability import ServingMetrics
+    from serving.runs.registry import RunRecord, RunRegistry
+    from serving.shared.settings import StateSettings
+
+__all__ = ["ACTIVE", "RunBoard", "SharedRun", "default_replica_id"]
+
+log = logging.getLogger(__name__)
+
+ACTIVE = ("pending", "running")
+"""Statuses of a run that holds its thread (the partial unique index's)."""
+
+CHANNEL = "switchyard_runs"
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS switchyard_replicas (
+        replica_id text PRIMARY KEY,
+        seen_at timestamptz NOT NULL DEFAULT now(),
+        started_at timestamptz NOT NULL DEFAULT now())""",
+    """CREATE TABLE IF NOT EXISTS switchyard_runs (
+        run_id text PRIMARY KEY,
+        thread_id text,
+        tenant text NOT NULL,
+        assistant_id text NOT NULL,
+        status text NOT NULL,
+        metadata jsonb NOT NULL DEFAULT '{}',
+        multitask_strategy text NOT NULL,
+        created_at text NOT NULL,
+        updated_at text NOT NULL,
+        replica_id text NOT NULL,
+        background boolean NOT NULL DEFAULT false,
+        cancel_reason text,
+        error text,
+        ended_at timestamptz)""",
+    """CREATE UNIQUE INDEX IF NOT EXISTS switchyard_runs_one_active ON switchyard_runs (thread_id)
+        WHERE status IN ('pending', 'running') AND thread_id IS NOT NULL""",
+    "CREATE INDEX IF NOT EXISTS switchyard_runs_by_thread ON switchyard_runs (thread_id, created_at)",
+    """CREATE INDEX IF NOT EXISTS switchyard_runs_active_by_replica ON switchyard_runs (replica_id)
+        WHERE status IN ('pending', 'running')""",
+    "CREATE INDEX IF NOT EXISTS switchyard_runs_ended ON switchyard_runs (ended_at) WHERE ended_at IS NOT NULL",
+    """CREATE TABLE IF NOT EXISTS switchyard_run_frames (
+        run_id text NOT NULL REFERENCES switchyard_runs (run_id) ON DELETE CASCADE,
+        idx bigint NOT NULL,
+        frame text NOT NULL,
+        PRIMARY KEY (run_id, idx))""",
+)
+_SCHEMA_LOCK = 0x5357_5255_4E53  # pg_advisory_xact_lock key: two replicas starting at once
+
+_COLUMNS = (
+    "run_id, thread_id, tenant, assistant_id, status, metadata, multitask_strategy, created_at, updated_at, "
+    "replica_id, background, cancel_reason, error"
+)
+_INSERT = f"""INSERT INTO switchyard_runs ({_COLUMNS})
+    VALUES (%(run_id)s, %(thread_id)s, %(tenant)s, %(assistant_id)s, %(status)s, %(metadata)s,
+            %(multitask_strategy)s, %(created_at)s, %(updated_at)s, %(replica_id)s, false, NULL, NULL)
+    ON CONFLICT DO NOTHING RETURNING run_id"""
+_ACTIVE_ON_THREAD = f"SELECT {_COLUMNS} FROM switchyard_runs WHERE thread_id = %s AND status IN ('pending', 'running')"
+_DEAD = """replica_id <> %(me)s AND NOT EXISTS (
+    SELECT 1 FROM switchyard_replicas p
+    WHERE p.replica_id = switchyard_runs.replica_id AND p.seen_at > now() - make_interval(secs => %(lease)s))"""
+
+
+def default_replica_id() -> str:
+    """``<hostname>-<pid>``: unique per process on a host, and per pod in Kubernetes."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedRun:
+    """A run as the board has it (hosted by this replica or another)."""
+
+    run_id: str
+    thread_id: str | None
+    tenant: str
+    assistant_id: str
+    status: str
+    metadata: dict[str, Any]
+    multitask_strategy: str
+    created_at: str
+    updated_at: str
+    replica_id: str
+    """The replica hosting it."""
+    background: bool
+    """Its frames are kept on the board (it can be joined with ``.../stream``)."""
+    cancel_reason: str | None
+    error: str | None
+
+    @property
+    def done(self) -> bool:
+        return self.status not in ACTIVE
+
+    def json(self) -> dict[str, Any]:
+        """The run as the LangGraph API answers it (as `RunRecord.json`)."""
+        return {
+            "run_id": self.run_id,
+            "thread_id": self.thread_id,
+            "assistant_id": self.assistant_id,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "status": self.status,
+            "metadata": self.metadata,
+            "multitask_strategy": self.multitask_strategy,
+            "kwargs": {},
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> SharedRun:
+        return cls(**{name: row[name] for name in cls.__slots__})  # type: ignore[attr-defined]
+
+
+class RunConflictError(ServingError):
+    """The thread has an active run on the board and the strategy is ``reject``."""
+
+
+@dataclass(slots=True)
+class _Op:
+    kind: str
+    """``status``, ``background``, ``frame``, ``end``, ``delete``, ``delete_thread``."""
+    run_id: str
+    args: dict[str, Any]
+
+
+ReapedHook = Callable[[str], Awaitable[None]]
+"""Called with the thread id of each run a sweeper ended (sets the thread's status)."""
+
+
+class RunBoard:
+    """This replica's view of the shared run records; see the module docstring.
+
+    Open with `RunBoard.open`, then `start` once the registry (and the service that
+    sets threads' statuses) exist; `aclose` at shutdown, after the runs ended.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        dsn: str,
+        *,
+        replica_id: str,
+        heartbeat_s: float,
+        lease_s: float,
+        replay_bytes: int,
+        retention_s: float,
+        metrics: ServingMetrics | None,
+    ) -> None:
+        self.replica_id = replica_id
+        self.heartbeat_s = heartbeat_s
+        self.lease_s = lease_s
+        self.replay_bytes = replay_bytes
+        self.retention_s = retention_s
+        self._pool = pool
+        self._dsn = dsn
+        self._metrics = metrics
+        self._ops: asyncio.Queue[_Op | None] = asyncio.Queue()
+        self._pending: dict[str, int] = {}
+        """Per run, its writes still queued (`flushed` waits for none)."""
+        self._flushed: dict[str, asyncio.Event] = {}
+        self._wakers: dict[str, set[asyncio.Event]] = {}
+        """Per run, the events of those waiting for its frames or its end."""
+        self._frame_bytes: dict[str, list[tuple[int, int]]] = {}
+        """Per background run hosted here and still pumping: ``(idx, size)`` of the
+        frames it keeps."""
+        self._held_ends: dict[str, _Op] = {}
+        self._registry: RunRegistry | None = None
+        self._on_reaped: ReapedHook | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._side: set[asyncio.Task[None]] = set()
+        self._writer: asyncio.Task[None] | None = None
+        self._dropping = False
+        self._closed = False
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        state: StateSettings,
+        *,
+        replay_bytes: int = 1 << 20,
+        retention_s: float = 3600.0,
+        metrics: ServingMetrics | None = None,
+        pool_size: int = 4,
+    ) -> RunBoard:
+        """Connect, create the tables if needed and register this replica.
+
+        Raises:
+            psycopg.Error: the database cannot be reached or the tables not created.
+        """
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+            timeout=10,
+            open=False,
+        )
+        await pool.open(wait=True, timeout=10)
+        try:
+            async with pool.connection() as connection, connection.transaction():
+                await connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                for statement in _SCHEMA:
+                    await connection.execute(statement)  # type: ignore[arg-type]
+            board = cls(
+                pool, dsn, replica_id=state.replica_id or default_replica_id(), heartbeat_s=state.heartbeat_s,
+                lease_s=state.lease_s, replay_bytes=replay_bytes, retention_s=retention_s, metrics=metrics,
+            )
+            await board._beat()
+        except BaseException:
+            await pool.close()
+            raise
+        return board
+
+    async def start(self, registry: RunRegistry, on_reaped: ReapedHook | None = None) -> None:
+        """End the runs a process that died left under this replica's id, then begin
+        writing, listening, heart-beating and sweeping.
+
+        Args:
+            registry: this replica's runs (cancel requests reach them through it).
+            on_reaped: sets the status of a thread whose run a sweeper ended.
+        """
+        self._registry = registry
+        self._on_reaped = on_reaped
+        await self.sweep(own=True)
+        loop = asyncio.get_running_loop()
+        self._writer = loop.create_task(self._write_loop(), name="run-board-writer")
+        self._tasks = [
+            loop.create_task(self._listen_loop(), name="run-board-listener"),
+            loop.create_task(self._heartbeat_loop(), name="run-board-heartbeat"),
+        ]
+
+    async def aclose(self, flush_s: float = 5.0) -> None:
+        """Flush the queued writes (at most ``flush_s``), remove this replica's row and
+        close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in [*self._tasks, *self._side]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._side, return_exceptions=True)
+        if self._writer is not None:
+            self._ops.put_nowait(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._writer), flush_s)
+            except TimeoutError:
+                log.warning("run board: %d write(s) not flushed at shutdown", self._ops.qsize())
+                self._writer.cancel()
+                await asyncio.gather(self._writer, return_exceptions=True)
+        try:
+            async with self._pool.connection() as connection:
+                await connection.execute("DELETE FROM switchyard_replicas WHERE replica_id = %s", (self.replica_id,))
+        except Exception as exc:  # boundary: the lease ends it anyway
+            log.warning("run board: could not remove replica %s: %r", self.replica_id, exc)
+        await self._pool.close()
+
+    # ---- admission (awaited in RunHost.open) -----------------------------------------
+
+    async def admit(self, record: RunRecord, *, deadline_s: float | None) -> None:
+        """Insert the run's row: its admission across replicas. A thread's active run on
+        another replica is met with the run's multitask strategy: ``reject`` raises
+        `RunConflictError` (409), ``interrupt`` asks its owner to cancel it and waits,
+        ``enqueue`` waits for it to end; waiting past ``deadline_s`` is a 409.
+
+        Raises:
+            RunConflictError, ServingError: refused (nothing was written).
+            RunCancelledError (the guard's error): the run was stopped meanwhile.
+        """
+        until = None if deadline_s is None else time.monotonic() + deadline_s
+        row = {
+            "run_id": record.run_id, "thread_id": record.thread_id, "tenant": record.tenant,
+            "assistant_id": record.assistant_id, "status": "running", "metadata": Jsonb(record.metadata),
+            "multitask_strategy": record.multitask_strategy, "created_at": record.created_at,
+            "updated_at": _now(), "replica_id": self.replica_id,
+        }
+        asked: set[str] = set()
+        while True:
+            if record.guard.error is not None:
+                raise record.guard.error
+            async with self._pool.connection() as connection:
+                inserted = await (await connection.execute(_INSERT, row)).fetchone()
+                if inserted is not None:
+                    return
+                other_row = await (await connection.execute(_ACTIVE_ON_THREAD, (record.thread_id,))).fetchone()
+            if other_row is None:
+                continue  # it ended in between
+            other = SharedRun.from_row(other_row)
+            remaining = None if until is None else until - time.monotonic()
+            if other.replica_id == self.replica_id:
+                # One of ours that has ended here: its end is still in the write queue.
+                if not await self.flushed(other.run_id, 5.0 if remaining is None else max(remaining, 0)):
+                    raise ServingError(409, f"thread {record.thread_id!r} is still busy with run {other.run_id}")
+                continue
+            if record.multitask_strategy == "reject":
+                raise RunConflictError(
+                    409,
+                    f"thread {record.thread_id!r} already has a run in progress ({other.run_id}, on replica "
+                    f"{other.replica_id}); multitask_strategy interrupt or enqueue would wait for it",
+                )
+            if record.multitask_strategy == "interrupt" and other.run_id not in asked:
+                asked.add(other.run_id)
+                await self.request_cancel(other.run_id, "interrupted by a newer run on this thread")
+            if remaining is not None and remaining <= 0 or not await self.wait_ended(
+                other.run_id, remaining, guard_error=lambda: record.guard.error
+            ):
+                if record.guard.error is not None:
+                    raise record.guard.error
+                raise ServingError(409, f"thread {record.thread_id!r} is still busy with run {other.run_id}")
+
+    # ---- writes (ordered, from the writer task) --------------------------------------
+
+    def _put(self, op: _Op) -> None:
+        if self._closed and self._writer is None:
+            return
+        if op.kind == "frame" and self._ops.qsize() > 20_000:
+            if not self._dropping:
+                self._dropping = True
+                log.error("run board: the database is not keeping up; frames of background runs are being dropped")
+            return
+        self._pending[op.run_id] = self._pending.get(op.run_id, 0) + 1
+        self._ops.put_nowait(op)
+
+    def status(self, record: RunRecord) -> None:
+        """The run's status changed (still active)."""
+        self._put(_Op("status", record.run_id, {"status": record.status, "updated_at": record.updated_at}))
+
+    def mark_background(self, record: RunRecord) -> None:
+        """The run keeps its frames here (followers on any replica can join it). The
+        caller awaits `flushed` before it answers; the run's end is written after its
+        last frame (`pumped`)."""
+        self._frame_bytes[record.run_id] = []
+        self._put(_Op("background", record.run_id, {}))
+
+    def pumped(self, record: RunRecord) -> None:
+        """The background run's last frame has been handed over: its end may follow."""
+        self._frame_bytes.pop(record.run_id, None)
+        if (end := self._held_ends.pop(record.run_id, None)) is not None:
+            self._put(end)
+
+    def frame(self, record: RunRecord, index: int, frame: str) -> None:
+        """A background run's frame ``index`` (``record.dropped`` is the oldest it keeps)."""
+        kept = self._frame_bytes.get(record.run_id)
+        if kept is None:
+            return
+        kept.append((index, len(frame)))
+        total = sum(size for _, size in kept)
+        keep_from = None
+        while total > self.replay_bytes and len(kept) > 1:  # as RunRecord.append: the newest stays
+            total -= kept.pop(0)[1]
+            keep_from = kept[0][0]
+        self._put(_Op("frame", record.run_id, {"idx": index, "frame": frame, "keep_from": keep_from}))
+
+    def ended(self, record: RunRecord) -> None:
+        """The run ended (its record is finished): its final status, metadata and end."""
+        if record.thread_id is None and record.frames is None:
+            self._put(_Op("delete", record.run_id, {}))  # a stateless run nobody can address any more
+            return
+        end = _Op("end", record.run_id, {
+            "status": record.status, "updated_at": record.updated_at, "metadata": Jsonb(record.metadata),
+        })
+        if record.run_id in self._frame_bytes:
+            # Its pump still hands over the last frames (the error event): followers
+            # read every frame once they see the end, so the end is written after them.
+            self._held_ends[record.run_id] = end
+        else:
+            self._put(end)
+
+    def abandon(self, record: RunRecord) -> None:
+        """Remove a row inserted for a run that then did not start (refused later)."""
+        self._put(_Op("delete", record.run_id, {}))
+
+    def forget(self, run_id: str) -> None:
+        """``DELETE .../runs/{id}`` of a finished run."""
+        self._put(_Op("delete", run_id, {}))
+
+    def forget_thread(self, thread_id: str) -> None:
+        """The thread was deleted: its finished runs' rows go (an active one stays)."""
+        self._put(_Op("delete_thread", thread_id, {}))
+
+    async def flushed(self, run_id: str, timeout_s: float | None) -> bool:
+        """Wait until the run's queued writes are written (or failed); False on timeout."""
+        if not self._pending.get(run_id):
+            return True
+        event = self._flushed.setdefault(run_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _done_op(self, run_id: str) -> None:
+        left = self._pending.get(run_id, 1) - 1
+        if left > 0:
+            self._pending[run_id] = left
+            return
+        self._pending.pop(run_id, None)
+        if (event := self._flushed.pop(run_id, None)) is not None:
+            event.set()
+
+    async def _write_loop(self) -> None:
+        while True:
+            op = await self._ops.get()
+            if op is None:
+                return
+            batch = [op]
+            if op.kind == "frame":
+                # Consecutive frames (of any runs) go in one round trip.
+                while len(batch) < 64 and not self._ops.empty():
+                    following = self._ops._queue[0]  # type: ignore[attr-defined]
+                    if following is None or following.kind != "frame":
+                        break
+                    batch.append(self._ops.get_nowait())  # type: ignore[arg-type]
+            try:
+                await self._write(batch)
+            except Exception as exc:  # boundary: a write failure never breaks the run
+                log.warning("run board: %s of run %s not written: %r", op.kind, op.run_id, exc)
+            finally:
+                for item in batch:
+                    self._done_op(item.run_id)
+
+    async def _write(self, batch: list[_Op]) -> None:
+        op = batch[0]
+        async with self._pool.connection() as connection:
+            if op.kind == "frame":
+                async with connection.transaction():
+                    async with connection.cursor() as cursor:
+                        await cursor.executemany(
+                            "INSERT INTO switchyard_run_frames (run_id, idx, frame) VALUES (%s, %s, %s) "
+                            "ON CONFLICT DO NOTHING",
+                            [(item.run_id, item.args["idx"], item.args["frame"]) for item in batch],
+                        )
+                    trims: dict[str, int] = {}
+                    for item in batch:
+                        if item.args["keep_from"] is not None:
+                            trims[item.run_id] = item.args["keep_from"]
+                    for run_id, keep_from in trims.items():
+                        await connection.execute(
+                            "DELETE FROM switchyard_run_frames WHERE run_id = %s AND idx < %s", (run_id, keep_from)
+                        )
+                    for run_id in dict.fromkeys(item.run_id for item in batch):
+                        await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"f:{run_id}"))
+            elif op.kind == "status":
+                await connection.execute(
+                    "UPDATE switchyard_runs SET status = %(status)s, updated_at = %(updated_at)s "
+                    "WHERE run_id = %(run_id)s AND status IN ('pending', 'running')",
+                    {**op.args, "run_id": op.run_id},
+                )
+            elif op.kind == "background":
+                await connection.execute("UPDATE switchyard_runs SET background = true WHERE run_id = %s", (op.run_id,))
+            elif op.kind == "end":
+                async with connection.transaction():
+                    # Not over a sweeper's verdict: a run ended as dead stays ended so.
+                    await connection.execute(
+                        "UPDATE switchyard_runs SET status = %(status)s, updated_at = %(updated_at)s, "
+                        "metadata = %(metadata)s, ended_at = now() "
+                        "WHERE run_id = %(run_id)s AND status IN ('pending', 'running')",
+                        {**op.args, "run_id": op.run_id},
+                    )
+                    await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"e:{op.run_id}"))
+            elif op.kind == "delete":
+                async with connection.transaction():
+                    await connection.execute("DELETE FROM switchyard_runs WHERE run_id = %s", (op.run_id,))
+                    await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"e:{op.run_id}"))
+            elif op.kind == "delete_thread":
+                await connection.execute(
+                    "DELETE FROM switchyard_runs WHERE thread_id = %s AND status NOT IN ('pending', 'running')",
+                    (op.run_id,),
+                )
+
+    # ---- reads -----------------------------------------------------------------------
+
+    async def get(self, run_id: str) -> SharedRun | None:
+        async with self._pool.connection() as connection:
+            row = await (
+                await connection.execute(f"SELECT {_COLUMNS} FROM switchyard_runs WHERE run_id = %s", (run_id,))
+            ).fetchone()
+        return SharedRun.from_row(row) if row is not None else None
+
+    async def active_on(self, thread_id: str) -> SharedRun | None:
+        """The thread's active run, whichever replica hosts it."""
+        async with self._pool.connection() as connection:
+            row = await (await connection.execute(_ACTIVE_ON_THREAD, (thread_id,))).fetchone()
+        return SharedRun.from_row(row) if row is not None else None
+
+    async def of_thread(self, thread_id: str, tenant: str) -> list[SharedRun]:
+        """The thread's runs, newest first."""
+        async with self._pool.connection() as connection:
+            rows = await (
+                await connection.execute(
+                    f"SELECT {_COLUMNS} FROM switchyard_runs WHERE thread_id = %s AND tenant = %s "
+                    "ORDER BY created_at DESC LIMIT 10000",
+                    (thread_id, tenant),
+                )
+            ).fetchall()
+        return [SharedRun.from_row(row) for row in rows]
+
+    async def of_tenant(self, tenant: str, statuses: tuple[str, ...] = ACTIVE) -> list[SharedRun]:
+        async with self._pool.connection() as connection:
+            rows = await (
+                await connection.execute(
+                    f"SELECT {_COLUMNS} FROM switchyard_runs WHERE tenant = %s AND status = ANY(%s) LIMIT 10000",
+                    (tenant, list(statuses)),
+                )
+            ).fetchall()
+        return [SharedRun.from_row(row) for row in rows]
+
+    # ---- cancel, wait, follow --------------------------------------------------------
+
+    async def request_cancel(self, run_id: str, reason: str) -> bool:
+        """Ask the run's host to cancel it (the row's ``cancel_reason`` and a
+        notification; the host also polls). False if it is not active."""
+        async with self._pool.connection() as connection, connection.transaction():
+            row = await (
+                await connection.execute(
+                    "UPDATE switchyard_runs SET cancel_reason = coalesce(cancel_reason, %s) "
+                    "WHERE run_id = %s AND status IN ('pending', 'running') RETURNING run_id",
+                    (reason, run_id),
+                )
+            ).fetchone()
+            if row is not None:
+                await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"c:{run_id}"))
+        return row is not None
+
+    def _waker(self, run_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._wakers.setdefault(run_id, set()).add(event)
+        return event
+
+    def _unwake(self, run_id: str, event: asyncio.Event) -> None:
+        events = self._wakers.get(run_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._wakers[run_id]
+
+    async def wait_ended(
+        self, run_id: str, timeout_s: float | None, *, guard_error: Callable[[], BaseException | None] | None = None
+    ) -> bool:
+        """Wait until the run has ended (or its row is gone); False on timeout.
+
+        Raises:
+            BaseException: what ``guard_error`` returns once it returns something (the
+                waiting run was stopped).
+        """
+        until = None if timeout_s is None else time.monotonic() + timeout_s
+        event = self._waker(run_id)
+        try:
+            while True:
+                event.clear()
+                shared = await self.get(run_id)
+                if shared is None or shared.done:
+                    return True
+                if guard_error is not None and (error := guard_error()) is not None:
+                    raise error
+                left = self.heartbeat_s if until is None else min(self.heartbeat_s, until - time.monotonic())
+                if left <= 0:
+                    return False
+                # Short slices while a guard may stop the waiter (it sets no event here).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(left, 0.25) if guard_error is not None else left)
+        finally:
+            self._unwake(run_id, event)
+
+    async def follow(self, run_id: str, after: int = -1, events: frozenset[str] | None = None) -> AsyncIterator[str]:
+        """A background run's frames after event id ``after`` from the board, then new
+        ones as they are written, until the run has ended (`RunRecord.follow`'s
+        contract, for a run hosted anywhere)."""
+        index = max(after + 1, 0)
+        first = True
+        ended = False
+        event = self._waker(run_id)
+        try:
+            while True:
+                event.clear()
+                async with self._pool.connection() as connection:
+                    rows = await (
+                        await connection.execute(
+                            "SELECT idx, frame FROM switchyard_run_frames WHERE run_id = %s AND idx >= %s "
+                            "ORDER BY idx LIMIT 500",
+                            (run_id, index),
+                        )
+                    ).fetchall()
+                if first and rows and rows[0]["idx"] > index:
+                    yield f": {rows[0]['idx'] - index} earlier events are no longer kept\n\n"
+                first = False
+                for row in rows:
+                    kept = row["frame"]
+                    mode = event_mode(kept)
+                    if events is None or mode is None or mode in events or mode in CONTROL_EVENTS:
+                        yield kept
+                    index = row["idx"] + 1
+                if len(rows) == 500:
+                    continue
+                if ended:
+                    return  # frames are written before the end: nothing more will come
+                shared = await self.get(run_id)
+                if shared is None or shared.done:
+                    ended = True
+                    continue  # read once more: what was written before the end
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), self.heartbeat_s)
+        finally:
+            self._unwake(run_id, event)
+
+    # ---- listening, heartbeat, sweeping ----------------------------------------------
+
+    def _wake(self, run_id: str) -> None:
+        for event in self._wakers.get(run_id, ()):
+            event.set()
+
+    async def _listen_loop(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                async with await AsyncConnection.connect(self._dsn, autocommit=True) as connection:
+                    await connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+                    delay = 0.2
+                    # Whatever was missed while not listening: wake every waiter once.
+                    for run_id in list(self._wakers):
+                        self._wake(run_id)
+                    async for notice in connection.notifies():
+                        kind, _, run_id = notice.payload.partition(":")
+                        if kind == "c":
+                            self._cancel_local(run_id, None)
+                        else:
+                            self._wake(run_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # boundary: polling covers the gap; reconnect
+                log.warning("run board: the LISTEN connection failed (%r); reconnecting in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _cancel_local(self, run_id: str, reason: str | None) -> None:
+        """A cancel request for a run hosted here (from a notification or the poll)."""
+        record = self._registry.lookup(run_id) if self._registry is not None else None
+        if record is None or record.done:
+            return
+        if reason is None:
+            # The notification carries no reason: read it (from a task of its own).
+            task = asyncio.get_running_loop().create_task(self._cancel_from_row(run_id))
+            self._side.add(task)
+            task.add_done_callback(self._side.discard)
+            return
+        record.guard.stop(RunCancelledError(reason))
+
+    async def _cancel_from_row(self, run_id: str) -> None:
+        try:
+            shared = await self.get(run_id)
+        except Exception as exc:  # boundary: the heartbeat's poll finds it
+            log.warning("run board: could not read the cancel of run %s: %r", run_id, exc)
+            return
+        if shared is not None and shared.cancel_reason is not None:
+            self._cancel_local(run_id, shared.cancel_reason)
+
+    async def _heartbeat_loop(self) -> None:
+        beats = 0
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self._beat()
+                await self._poll_own()
+                await self.sweep()
+                beats += 1
+                if beats % max(1, round(60 / self.heartbeat_s)) == 0:
+                    await self.prune()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # boundary: try again at the next beat
+                log.warning("run board: heartbeat failed: %r", exc)
+
+    async def _beat(self) -> None:
+        async with self._pool.connection() as connection:
+            await connection.execute(
+                "INSERT INTO switchyard_replicas (replica_id) VALUES (%s) "
+                "ON CONFLICT (replica_id) DO UPDATE SET seen_at = now()",
+                (self.replica_id,),
+            )
+
+    async def _poll_own(self) -> None:
+        """Cancels asked of this replica's runs, and its runs a sweeper ended (this
+        replica was taken for dead): both stop the local run."""
+        registry = self._registry
+        if registry is None:
+            return
+        local = registry.running_ids()
+        if not local:
+            return
+        async with self._pool.connection() as connection:
+            rows = await (
+                await connection.execute(
+                    "SELECT run_id, status, cancel_reason, error FROM switchyard_runs WHERE run_id = ANY(%s) "
+                    "AND (cancel_reason IS NOT NULL OR status NOT IN ('pending', 'running'))",
+                    (local,),
+                )
+            ).fetchall()
+        for row in rows:
+            if row["status"] in ACTIVE:
+                self._cancel_local(row["run_id"], row["cancel_reason"])
+            else:
+                self._cancel_local(row["run_id"], row["error"] or "the run was ended by another replica")
+
+    async def sweep(self, *, own: bool = False) -> int:
+        """End the active runs of dead replicas (``own``: this replica's leftovers from
+        before a restart under the same id). Returns how many this call ended."""
+        where = "replica_id = %(me)s" if own else _DEAD
+        reaped = 0
+        async with self._pool.connection() as connection, connection.transaction():
+            rows = await (
+                await connection.execute(
+                    f"SELECT run_id, thread_id, replica_id, background FROM switchyard_runs "
+                    f"WHERE status IN ('pending', 'running') AND {where} FOR UPDATE SKIP LOCKED",
+                    {"me": self.replica_id, "lease": self.lease_s},
+                )
+            ).fetchall()
+            for row in rows:
+                message = (
+                    f"replica {row['replica_id']} stopped (restarted)" if own
+                    else f"replica {row['replica_id']} stopped answering (no heartbeat for {self.lease_s:g}s)"
+                )
+                message += "; the run was ended; its thread keeps what it saved"
+                if row["thread_id"] is not None and self._on_reaped is not None:
+                    try:
+                        await asyncio.wait_for(self._on_reaped(row["thread_id"]), 10)
+                    except Exception as exc:  # boundary: the run still ends
+                        log.warning("run board: could not set the status of thread %s: %r", row["thread_id"], exc)
+                await connection.execute(
+                    "UPDATE switchyard_runs SET status = 'error', error = %s, updated_at = %s, ended_at = now() "
+                    "WHERE run_id = %s",
+                    (message, _now(), row["run_id"]),
+                )
+                if row["background"]:
+                    last = await (
+                        await connection.execute(
+                            "SELECT coalesce(max(idx), -1) AS idx FROM switchyard_run_frames WHERE run_id = %s",
+                            (row["run_id"],),
+                        )
+                    ).fetchone()
+                    index = (last["idx"] if last else -1) + 1
+                    data = orjson.dumps({"error": "ReplicaLost", "message": message, "run_id": row["run_id"]}).decode()
+                    await connection.execute(
+                        "INSERT INTO switchyard_run_frames (run_id, idx, frame) VALUES (%s, %s, %s)",
+                        (row["run_id"], index, f"event: error\ndata: {data}\nid: {index}\n\n"),
+                    )
+                await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"e:{row['run_id']}"))
+                log.warning("run %s: %s", row["run_id"], message)
+                reaped += 1
+        if reaped and self._metrics is not None:
+            self._metrics.replica_runs_reaped.inc(reaped)
+        return reaped
+
+    async def prune(self) -> None:
+        """Forget finished runs older than the retention (their frames go with them) and
+        replicas gone for long."""
+        async with self._pool.connection() as connection:
+            await connection.execute(
+                "DELETE FROM switchyard_runs WHERE ended_at < now() - make_interval(secs => %s) "
+                "AND status NOT IN ('pending', 'running')",
+                (self.retention_s,),
+            )
+            await connection.execute(
+                "DELETE FROM switchyard_replicas WHERE seen_at < now() - make_interval(secs => %s) "
+                "AND replica_id <> %s AND NOT EXISTS (SELECT 1 FROM switchyard_runs r "
+                "WHERE r.replica_id = switchyard_replicas.replica_id AND r.status IN ('pending', 'running'))",
+                (max(self.retention_s, 10 * self.lease_s), self.replica_id),
+            )

@@ -1,0 +1,212 @@
+"""Two replicas sharing one PostgreSQL (threads, checkpoints and the run board) and one
+Redis: any replica serves any run request (issue 17, item 2).
+
+Real processes (`tests/replicas.py`): A and B are ``switchyard serve`` on their own
+ports; the model is the scripted benchmark backend (bench/scripted_backend.py), whose
+streams are slow and deterministic (``max_tokens`` tokens, 20 ms apart), so a run is
+still going when the test reaches it through the other replica.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from langgraph_sdk import get_sync_client
+
+from tests.replicas import Replica, create_key, start_replicas, stop_replicas
+from tests.scripted import error_log_lines, failed_requests, start_scripted_backend, write_scripted_models_file
+
+pytestmark = [pytest.mark.e2e]
+
+HI = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def _body(tokens: int, **more: Any) -> dict[str, Any]:
+    return {
+        "assistant_id": "chat",
+        "input": HI,
+        "stream_mode": ["values", "messages-tuple"],
+        "context": {"model_params": {"max_tokens": tokens}},
+        **more,
+    }
+
+
+def _events(lines: Iterator[str]) -> Iterator[tuple[str | None, str, str]]:
+    """(id, event, data) of each SSE event."""
+    event_id, name, data = None, "", ""
+    for line in lines:
+        if not line:
+            if name:
+                yield event_id, name, data
+            event_id, name, data = None, "", ""
+        elif line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            data = line[6:]
+
+
+@pytest.fixture
+def pair(tmp_path: Path, postgres_dsn: str, redis_url: str) -> Iterator[tuple[Replica, Replica, dict[str, str]]]:
+    backend = start_scripted_backend(tmp_path, delay_ms=20, tokens=20)
+    replicas: list[Replica] = []
+    try:
+        models = write_scripted_models_file(tmp_path / "models.yaml", backend)
+        replicas = start_replicas(tmp_path, dsn=postgres_dsn, redis_url=redis_url, models_file=models)
+        key = create_key(replicas[0], "acme")
+        yield replicas[0], replicas[1], {"x-api-key": key}
+        for replica in replicas:
+            audit = replica.data_dir / "audit" / "audit.jsonl"
+            assert failed_requests(audit) == [], replica.name
+            assert [line for line in error_log_lines(replica.log_file) if "run board" not in line] == [], replica.name
+    finally:
+        stop_replicas(replicas)
+        backend.stop()
+
+
+def _wait_for(check: Any, timeout_s: float = 15, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_background_run_started_on_a_is_read_streamed_joined_and_cancelled_through_b(
+    pair: tuple[Replica, Replica, dict[str, str]],
+) -> None:
+    a_rep, b_rep, headers = pair
+    with httpx.Client(base_url=a_rep.url, headers=headers, timeout=30) as a, httpx.Client(
+        base_url=b_rep.url, headers=headers, timeout=30
+    ) as b:
+        thread = a.post("/threads", json={}).json()["thread_id"]
+        run = a.post(f"/threads/{thread}/runs", json=_body(60)).json()
+        run_id = run["run_id"]
+        # Visible through B at once, while it runs on A.
+        seen = b.get(f"/threads/{thread}/runs/{run_id}")
+        assert seen.status_code == 200, seen.text
+        assert seen.json()["status"] in ("pending", "running")
+        assert run_id in [r["run_id"] for r in b.get(f"/threads/{thread}/runs").json()]
+        assert b.get(f"/threads/{thread}").json()["status"] == "busy"
+
+        # The whole stream through B, then a resume after event 2 (Last-Event-ID).
+        with b.stream("GET", f"/threads/{thread}/runs/{run_id}/stream") as response:
+            assert response.status_code == 200
+            whole = list(_events(response.iter_lines()))
+        ids = [int(i) for i, _, _ in whole if i is not None]
+        assert ids == list(range(len(ids))) and len(ids) > 5, ids
+        assert whole[0][1] == "metadata" and any(name == "messages" for _, name, _ in whole)
+        with b.stream("GET", f"/threads/{thread}/runs/{run_id}/stream", headers={"Last-Event-ID": "2"}) as response:
+            rest = list(_events(response.iter_lines()))
+        assert rest == whole[3:]
+
+        joined = b.get(f"/threads/{thread}/runs/{run_id}/join")
+        assert joined.status_code == 200, joined.text
+        assert joined.json()["messages"][-1]["type"] == "ai"
+        assert b.get(f"/threads/{thread}/runs/{run_id}").json()["status"] == "success"
+        assert b.get(f"/threads/{thread}").json()["status"] == "idle"
+
+        # A long one, cancelled through B: it ends interrupted, A's own stream ends.
+        long_run = a.post(f"/threads/{thread}/runs", json=_body(1500, multitask_strategy="enqueue")).json()
+        long_id = long_run["run_id"]
+        with a.stream("GET", f"/threads/{thread}/runs/{long_id}/stream") as on_a, b.stream(
+            "GET", f"/threads/{thread}/runs/{long_id}/stream"
+        ) as on_b:
+            b_events = _events(on_b.iter_lines())
+            _wait_for(lambda: next(name for _, name, _ in b_events if name == "messages"), what="a token through B")
+            started = time.monotonic()
+            cancelled = b.post(f"/threads/{thread}/runs/{long_id}/cancel", params={"wait": "true", "reason": "from B"})
+            assert cancelled.status_code == 204, cancelled.text
+            assert time.monotonic() - started < 10
+            a_events = list(_events(on_a.iter_lines()))  # ends: the run has
+            b_tail = list(b_events)
+        assert a_events[-1][1] == "error" and "from B" in a_events[-1][2], a_events[-1]
+        assert b_tail[-1][1] == "error", b_tail[-1:]
+        assert b.get(f"/threads/{thread}/runs/{long_id}").json()["status"] == "interrupted"
+        assert a.get(f"/threads/{thread}/runs/{long_id}").json()["status"] == "interrupted"
+        assert _wait_for(lambda: b.get(f"/threads/{thread}").json()["status"] == "idle", what="thread idle")
+
+
+def test_runs_of_one_thread_alternate_between_replicas(pair: tuple[Replica, Replica, dict[str, str]]) -> None:
+    a_rep, b_rep, headers = pair
+    clients = [get_sync_client(url=r.url, api_key=headers["x-api-key"]) for r in (a_rep, b_rep)]
+    thread = clients[0].threads.create()["thread_id"]
+    for turn in range(4):
+        client = clients[turn % 2]
+        result = client.runs.wait(
+            thread, "chat", input={"messages": [{"role": "user", "content": f"turn {turn}"}]},
+            context={"model_params": {"max_tokens": 5}},
+        )
+        assert isinstance(result, dict) and result["messages"][-1]["type"] == "ai", result
+    state = clients[1].threads.get_state(thread)
+    humans = [m["content"] for m in state["values"]["messages"] if m["type"] == "human"]
+    assert humans == [f"turn {turn}" for turn in range(4)]
+    assert len(state["values"]["messages"]) == 8
+    for client in clients:
+        runs = client.runs.list(thread, limit=10)
+        assert len(runs) == 4 and all(r["status"] == "success" for r in runs)
+
+
+def test_reject_through_b_while_a_runs_the_thread(pair: tuple[Replica, Replica, dict[str, str]]) -> None:
+    a_rep, b_rep, headers = pair
+    with httpx.Client(base_url=a_rep.url, headers=headers, timeout=30) as a, httpx.Client(
+        base_url=b_rep.url, headers=headers, timeout=30
+    ) as b:
+        thread = a.post("/threads", json={}).json()["thread_id"]
+        run_id = a.post(f"/threads/{thread}/runs", json=_body(400)).json()["run_id"]
+        refused = b.post(f"/threads/{thread}/runs/wait", json=_body(5, multitask_strategy="reject"))
+        assert refused.status_code == 409, refused.text
+        assert run_id in refused.text and "replica A" in refused.text
+        # Refused runs leave no record; a state update through B is refused too.
+        assert [r["run_id"] for r in b.get(f"/threads/{thread}/runs").json()] == [run_id]
+        update = b.post(f"/threads/{thread}/state", json={"values": {"messages": []}})
+        assert update.status_code == 409, update.text
+        # interrupt through B: A's run is cancelled, B's runs.
+        result = b.post(f"/threads/{thread}/runs/wait", json=_body(5, multitask_strategy="interrupt"))
+        assert result.status_code == 200, result.text
+        assert a.get(f"/threads/{thread}/runs/{run_id}").json()["status"] == "interrupted"
+        assert b.get(f"/threads/{thread}").json()["status"] == "idle"
+
+
+def test_kill_9_of_a_mid_stream_the_retry_through_b_finds_the_thread_intact(
+    pair: tuple[Replica, Replica, dict[str, str]],
+) -> None:
+    a_rep, b_rep, headers = pair
+    with httpx.Client(base_url=a_rep.url, headers=headers, timeout=30) as a, httpx.Client(
+        base_url=b_rep.url, headers=headers, timeout=30
+    ) as b:
+        thread = a.post("/threads", json={}).json()["thread_id"]
+        first = a.post(f"/threads/{thread}/runs/wait", json=_body(5))
+        assert first.status_code == 200
+        dead_run = None
+        with pytest.raises(httpx.HTTPError), a.stream("POST", f"/threads/{thread}/runs/stream", json=_body(1500)) as response:
+            for event_id, name, data in _events(response.iter_lines()):
+                if name == "metadata":
+                    dead_run = httpx.Response(200, content=data).json()["run_id"]
+                if name == "messages":
+                    a_rep.kill()  # mid-stream: the client's connection breaks
+        assert dead_run is not None
+        # The client's retry through B: enqueued behind the dead run until its lease ends.
+        started = time.monotonic()
+        retry = b.post(
+            f"/threads/{thread}/runs/wait",
+            json={**_body(5, multitask_strategy="enqueue"), "input": {"messages": [{"role": "user", "content": "again"}]}},
+        )
+        assert retry.status_code == 200, retry.text
+        assert time.monotonic() - started < 20
+        messages = retry.json()["messages"]
+        assert messages[0]["content"] == "hi" and messages[1]["type"] == "ai"  # the first run's turn
+        assert messages[-2]["content"] == "again" and messages[-1]["type"] == "ai"
+        dead = b.get(f"/threads/{thread}/runs/{dead_run}").json()
+        assert dead["status"] == "error", dead
+        assert b.get(f"/threads/{thread}").json()["status"] == "idle"
+        metrics = b.get("/metrics").text
+        assert "switchyard_replica_runs_reaped_total 1.0" in metrics
