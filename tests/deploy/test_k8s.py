@@ -24,7 +24,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 from urllib.parse import urlsplit
 
 import jsonschema
@@ -99,7 +99,8 @@ def _one(objects: Any, kind: str, name: str | None = None) -> dict[str, Any]:
 
 def _config_map(objects: Any, prefix: str) -> dict[str, Any]:
     """A generated ConfigMap by its name before kustomize's hash suffix."""
-    found = [o for o in objects if o["kind"] == "ConfigMap" and re.fullmatch(rf"{prefix}(-[a-z0-9]+)?", o["metadata"]["name"])]
+    named = re.compile(rf"{prefix}(-[a-z0-9]+)?")
+    found = [o for o in objects if o["kind"] == "ConfigMap" and named.fullmatch(o["metadata"]["name"])]
     assert len(found) == 1, f"expected one ConfigMap {prefix}, found {len(found)}"
     return found[0]
 
@@ -343,9 +344,12 @@ def _field_names(model: type[BaseModel], prefix: str = "SWITCHYARD_") -> Iterato
     for name, field in model.model_fields.items():
         env = f"{prefix}{name.upper()}"
         yield env
-        nested = [a for a in (field.annotation, *getattr(field.annotation, "__args__", ())) if isinstance(a, type)]
-        for sub in nested:
-            if issubclass(sub, BaseModel):
+        # A section (or an optional one) has fields of its own; a mapping's keys are
+        # user-chosen (graph ids, tenants), so only the section's name is checked.
+        if get_origin(field.annotation) is dict:
+            continue
+        for sub in (field.annotation, *get_args(field.annotation)):
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
                 yield from _field_names(sub, env + "__")
 
 
@@ -354,7 +358,8 @@ def _all_env_names(overlay: str) -> dict[str, str]:
     names = {}
     for obj in _rendered(overlay):
         if obj["kind"] == "ConfigMap":
-            names.update({k: f"ConfigMap {obj['metadata']['name']}" for k in obj.get("data", {}) if k.startswith("SWITCHYARD_")})
+            origin = f"ConfigMap {obj['metadata']['name']}"
+            names.update({k: origin for k in obj.get("data", {}) if k.startswith("SWITCHYARD_")})
         for container in _containers(obj):
             names.update({e["name"]: f"{obj['metadata']['name']} env" for e in container.get("env", [])})
             for e in container.get("env", []):
@@ -407,7 +412,7 @@ def test_the_settings_and_model_registry_load(overlay: str, tmp_path: Path, monk
     assert set(settings.auth.tenants) >= {"default", "metrics"}
     registry = load_registry(settings.gateway.models_file)
     graph_aliases = {spec.model for spec in settings.graphs.values()}
-    assert graph_aliases <= set(registry.aliases), f"the graphs call {graph_aliases}, the registry has {set(registry.aliases)}"
+    assert graph_aliases <= set(registry.aliases), f"the graphs call {graph_aliases}, the registry has {registry.aliases}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -421,7 +426,8 @@ def test_hpa_scales_the_app_on_a_metric_it_exports(overlay: str) -> None:
     hpa = _one(objects, "HorizontalPodAutoscaler")
     deployment, _ = _app(objects)
     target = hpa["spec"]["scaleTargetRef"]
-    assert (target["apiVersion"], target["kind"], target["name"]) == ("apps/v1", "Deployment", deployment["metadata"]["name"])
+    app = ("apps/v1", "Deployment", deployment["metadata"]["name"])
+    assert (target["apiVersion"], target["kind"], target["name"]) == app
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "Pods"
     name = metric["pods"]["metric"]["name"]
@@ -498,7 +504,9 @@ def test_servicemonitors_scrape_the_services() -> None:
     for monitor in monitors:
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         selector = monitor["spec"]["selector"]["matchLabels"]
-        services = [o for o in objects if o["kind"] == "Service" and selector.items() <= o["metadata"]["labels"].items()]
+        services = [
+            o for o in objects if o["kind"] == "Service" and selector.items() <= o["metadata"]["labels"].items()
+        ]
         assert services, f"ServiceMonitor {monitor['metadata']['name']} selects no Service"
         for endpoint in monitor["spec"]["endpoints"]:
             assert endpoint["path"] == "/metrics"
@@ -532,7 +540,9 @@ def test_vllm_runs_exactly_the_generated_command() -> None:
     objects = _rendered("gpu")
     env = _app_env(objects)
     assert env["SWITCHYARD_GATEWAY__MODELS_FILE"] == IMAGE_CONFIG + "models.vllm.yaml"
-    vllm = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["labels"].get("app.kubernetes.io/name") == "vllm"]
+    vllm = [
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["labels"].get("app.kubernetes.io/name") == "vllm"
+    ]
     assert len(vllm) == 1, "one vLLM Deployment per model backend (config/models.vllm.yaml has one)"
     (container,) = vllm[0]["spec"]["template"]["spec"]["containers"]
     printed = _vllm_args_printed(env)
@@ -550,8 +560,10 @@ def test_vllm_service_is_what_the_registry_calls() -> None:
     assert url.path == "/v1" and url.scheme == "http"
     service = _one(objects, "Service", url.hostname)
     deployment = next(
-        o for o in objects
-        if o["kind"] == "Deployment" and service["spec"]["selector"].items() <= o["spec"]["template"]["metadata"]["labels"].items()
+        o
+        for o in objects
+        if o["kind"] == "Deployment"
+        and service["spec"]["selector"].items() <= o["spec"]["template"]["metadata"]["labels"].items()
     )
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     (port,) = service["spec"]["ports"]
@@ -679,3 +691,30 @@ def test_no_secret_values_are_committed() -> None:
     assert qdrant["apiKey"]["valueFrom"]["secretKeyRef"]["key"] in example
     neo4j = yaml.safe_load((K8S / "charts/neo4j-values.yaml").read_text(encoding="utf-8"))
     assert neo4j["neo4j"]["passwordFromSecret"] and not neo4j["neo4j"].get("password")
+
+
+def test_our_images_carry_the_release_version() -> None:
+    """`switchyard` and `switchyard-llama` are built from this repository: their tags
+    follow pyproject's version (the Dockerfile's `docker build -t switchyard:<version>`)."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    tags = {}
+    for kustomization in K8S.glob("**/kustomization.yaml"):
+        for image in yaml.safe_load(kustomization.read_text(encoding="utf-8")).get("images", []):
+            tags[image["name"]] = image["newTag"]
+    assert tags["switchyard"] == version
+    assert tags["switchyard-llama"] == version
+    assert all(tag and tag != "latest" for tag in tags.values()), tags
+
+
+def test_cpu_registry_describes_the_local_server() -> None:
+    """The llama image runs the flags `switchyard backend start` uses for config/models.yaml's
+    `local` backend: the cpu overlay's registry must promise what that server can do."""
+    ours_file = yaml.safe_load((K8S / "overlays/cpu/models.yaml").read_text(encoding="utf-8"))
+    ours = next(iter(ours_file["backends"].values()))
+    local = yaml.safe_load((ROOT / "config/models.yaml").read_text(encoding="utf-8"))["backends"]["local"]
+    assert ours["kind"] == local["kind"] == "llamacpp"
+    assert "launch" not in ours, "the server runs in its own pod: Switchyard must not try to start it"
+    assert (ours["model"], ours["capabilities"]) == (local["model"], local["capabilities"])
+    assert load_registry(K8S / "overlays/cpu/models.yaml").aliases
