@@ -633,7 +633,6 @@ class RunBoard:
         ones as they are written, until the run has ended (`RunRecord.follow`'s
         contract, for a run hosted anywhere)."""
         index = max(after + 1, 0)
-        first = True
         ended = False
         event = self._waker(run_id)
         try:
@@ -647,9 +646,10 @@ class RunBoard:
                             (run_id, index),
                         )
                     ).fetchall()
-                if first and rows and rows[0]["idx"] > index:
+                if rows and rows[0]["idx"] > index:
+                    # Dropped from the bounded buffer before this follower read them
+                    # (at the start, or while it fell behind): said, never a silent hole.
                     yield f": {rows[0]['idx'] - index} earlier events are no longer kept\n\n"
-                first = False
                 for row in rows:
                     kept = row["frame"]
                     mode = event_mode(kept)

@@ -1,0 +1,209 @@
+"""The run board on a real PostgreSQL, in process (`serving.shared.runs.RunBoard`).
+
+Several boards on one database stand for several replicas (each its own pool and
+LISTEN connection, its own replica id). What is checked: one active run per thread
+whoever inserts first, a dead replica's runs ended by exactly one sweeper, a cancel
+reaching its run by the poll when no notification comes, and background frames
+bounded and replayed in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import psycopg
+import pytest
+
+from serving._tasks import RunCancelledError
+from serving.errors import ServingError
+from serving.observability import ServingMetrics
+from serving.runs import RunRecord, RunRegistry
+from serving.shared.runs import RunBoard, RunConflictError
+from serving.shared.settings import StateSettings
+
+pytestmark = [pytest.mark.integration]
+
+Open = Callable[..., Awaitable[RunBoard]]
+
+
+@pytest.fixture
+async def boards(postgres_dsn: str) -> AsyncIterator[Open]:
+    opened: list[RunBoard] = []
+
+    async def open_board(replica_id: str, *, heartbeat_s: float = 0.2, lease_s: float = 1.0, **kwargs: object) -> RunBoard:
+        board = await RunBoard.open(
+            postgres_dsn, StateSettings(replica_id=replica_id, heartbeat_s=heartbeat_s, lease_s=lease_s), **kwargs  # type: ignore[arg-type]
+        )
+        opened.append(board)
+        return board
+
+    try:
+        yield open_board
+    finally:
+        for board in opened:
+            await board.aclose()
+
+
+def _record(thread_id: str | None, strategy: str = "reject") -> RunRecord:
+    return RunRecord(
+        run_id=str(uuid.uuid4()), thread_id=thread_id, assistant_id="chat", tenant="acme",
+        multitask_strategy=strategy, metadata={},
+    )
+
+
+async def _rows(dsn: str, query: str, *args: object) -> list[tuple[object, ...]]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as connection:
+        return await (await connection.execute(query, args)).fetchall()  # type: ignore[arg-type]
+
+
+async def test_two_replicas_admitting_a_run_on_one_thread_at_once_exactly_one_wins(boards: Open) -> None:
+    x, y = await boards("X"), await boards("Y")
+    for _ in range(10):
+        thread = str(uuid.uuid4())
+        first, second = _record(thread), _record(thread)
+        outcomes = await asyncio.gather(
+            x.admit(first, deadline_s=5), y.admit(second, deadline_s=5), return_exceptions=True
+        )
+        refused = [o for o in outcomes if isinstance(o, RunConflictError)]
+        assert len(refused) == 1 and outcomes.count(None) == 1, outcomes
+        assert refused[0].status == 409 and "already has a run in progress" in str(refused[0])
+        active = await x.active_on(thread)
+        winner = first if outcomes[0] is None else second
+        assert active is not None and active.run_id == winner.run_id
+
+
+async def test_enqueue_waits_for_the_other_replicas_run_and_a_cancelled_wait_leaves_no_row(
+    boards: Open, postgres_dsn: str
+) -> None:
+    x, y = await boards("X"), await boards("Y")
+    await x.start(RunRegistry(board=x))
+    await y.start(RunRegistry(board=y))
+    thread = str(uuid.uuid4())
+    holder = _record(thread)
+    await x.admit(holder, deadline_s=5)
+    waiting = _record(thread, "enqueue")
+    task = asyncio.get_running_loop().create_task(y.admit(waiting, deadline_s=10))
+    await asyncio.sleep(0.5)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _rows(postgres_dsn, "SELECT 1 FROM switchyard_runs WHERE run_id = %s", waiting.run_id) == []
+    # Past its deadline: a 409 naming the run it waited for.
+    with pytest.raises(ServingError) as late:
+        await y.admit(_record(thread, "enqueue"), deadline_s=0.5)
+    assert late.value.status == 409 and holder.run_id in str(late.value)
+    # When the holder ends, the enqueued run is admitted (woken by the notification).
+    queued = _record(thread, "enqueue")
+    task = asyncio.get_running_loop().create_task(y.admit(queued, deadline_s=10))
+    await asyncio.sleep(0.2)
+    holder.finish("success")
+    x.ended(holder)
+    await asyncio.wait_for(task, 5)
+    assert (await y.active_on(thread)).run_id == queued.run_id  # type: ignore[union-attr]
+
+
+async def test_a_dead_replicas_runs_are_ended_by_exactly_one_sweeper(boards: Open, postgres_dsn: str) -> None:
+    # It beats at start, then not for a minute: dead for sweepers with a 1 s lease.
+    dead = await boards("dead", heartbeat_s=60, lease_s=120)
+    await dead.start(RunRegistry(board=dead))
+    thread = str(uuid.uuid4())
+    run = _record(thread)
+    await dead.admit(run, deadline_s=5)
+    dead.mark_background(run)
+    dead.frame(run, 0, "event: metadata\ndata: {}\nid: 0\n\n")
+    assert await dead.flushed(run.run_id, 5)
+    metrics = [ServingMetrics(), ServingMetrics()]
+    reaped_threads: list[str] = []
+
+    async def on_reaped(thread_id: str) -> None:
+        reaped_threads.append(thread_id)
+
+    sweepers = [await boards(name, metrics=m) for name, m in zip(("Y", "Z"), metrics, strict=True)]
+    for sweeper in sweepers:
+        sweeper._on_reaped = on_reaped
+    assert [await s.sweep() for s in sweepers] == [0, 0]  # its lease has not run out
+    await asyncio.sleep(1.3)
+    counts = await asyncio.gather(*(s.sweep() for s in sweepers))
+    assert sorted(counts) == [0, 1]
+    assert reaped_threads == [thread]
+    assert sum(m.replica_runs_reaped._value.get() for m in metrics) == 1  # type: ignore[attr-defined]
+    shared = await sweepers[0].get(run.run_id)
+    assert shared is not None and shared.status == "error" and "replica dead stopped" in (shared.error or "")
+    frames = [frame async for frame in sweepers[0].follow(run.run_id)]
+    assert frames[0].startswith("event: metadata") and frames[-1].startswith("event: error\n")
+    assert "ReplicaLost" in frames[-1] and "id: 1\n" in frames[-1]
+    # The thread is free for a run on a live replica.
+    await sweepers[1].admit(_record(thread), deadline_s=5)
+
+
+async def test_a_cancel_reaches_the_run_by_the_poll_without_a_notification(boards: Open, postgres_dsn: str) -> None:
+    owner = await boards("owner")
+    registry = RunRegistry(board=owner)
+    await owner.start(registry)
+    run = _record(str(uuid.uuid4()))
+    registry.add(run)
+    await owner.admit(run, deadline_s=5)
+    # Written as another replica's cancel would be, but with no NOTIFY.
+    await _rows(postgres_dsn, "UPDATE switchyard_runs SET cancel_reason = %s WHERE run_id = %s RETURNING 1", "by poll", run.run_id)
+    for _ in range(40):
+        if run.guard.error is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert isinstance(run.guard.error, RunCancelledError) and str(run.guard.error) == "by poll"
+
+
+async def test_a_cancel_request_notifies_the_owner(boards: Open) -> None:
+    owner, other = await boards("owner", heartbeat_s=5, lease_s=20), await boards("other", heartbeat_s=5, lease_s=20)
+    registry = RunRegistry(board=owner)
+    await owner.start(registry)
+    run = _record(str(uuid.uuid4()))
+    registry.add(run)
+    await owner.admit(run, deadline_s=5)
+    await asyncio.sleep(0.2)  # the owner listens
+    assert await other.request_cancel(run.run_id, "from other")
+    for _ in range(40):  # well before the owner's 5 s poll
+        if run.guard.error is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert str(run.guard.error) == "from other"
+
+
+async def test_frames_are_bounded_per_run_and_replayed_in_order(boards: Open) -> None:
+    owner = await boards("owner", replay_bytes=300)
+    reader = await boards("reader")
+    registry = RunRegistry(board=owner, replay_bytes=300)
+    await owner.start(registry)
+    await reader.start(RunRegistry(board=reader))
+    run = _record(str(uuid.uuid4()))
+    registry.add(run)
+    await owner.admit(run, deadline_s=5)
+    owner.mark_background(run)
+    assert await owner.flushed(run.run_id, 5)
+    follower = reader.follow(run.run_id, 2)
+    frames = [f"event: values\ndata: {{\"n\": {i}, \"pad\": \"{'x' * 20}\"}}\nid: {i}\n\n" for i in range(20)]
+    first = asyncio.get_running_loop().create_task(anext(follower))
+    for index, item in enumerate(frames[:5]):
+        owner.frame(run, index, item)
+    assert await asyncio.wait_for(first, 5) == frames[3]  # live, after Last-Event-ID 2
+    assert await asyncio.wait_for(anext(follower), 5) == frames[4]
+    for index, item in enumerate(frames[5:], start=5):
+        owner.frame(run, index, item)
+    run.finish("success")
+    owner.ended(run)  # held until the pump is done: after the last frame
+    owner.pumped(run)
+    assert await owner.flushed(run.run_id, 5)
+    rest = [item async for item in follower]
+    total, kept = 0, 0
+    for item in reversed(frames):  # the newest frames that fit in 300 bytes
+        if total + len(item) > 300:
+            break
+        total, kept = total + len(item), kept + 1
+    assert rest[0].startswith(": ") and "earlier events are no longer kept" in rest[0]
+    assert rest[1:] == frames[-kept:]
+    replay = [item async for item in reader.follow(run.run_id, 17)]
+    assert replay == frames[18:]
+    shared = await reader.get(run.run_id)
+    assert shared is not None and shared.status == "success" and shared.background
