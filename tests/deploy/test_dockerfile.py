@@ -8,13 +8,16 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
+from tests.fakes.openai_backend import free_port
 
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -186,3 +189,41 @@ def test_copied_sources_exist_and_are_not_ignored() -> None:
                 assert not (fnmatch.fnmatch(path, pattern) or fnmatch.fnmatch(top, pattern)), (
                     f"COPY {source} is excluded by .dockerignore ({pattern})"
                 )
+
+
+@pytest.mark.llm
+def test_llama_stage_steps_run_here(tmp_path: Path) -> None:
+    """The llama image's steps, played on this machine (same packages, no Docker): the
+    builder's copy of llama-server and the GGUF, then the image's ENTRYPOINT + CMD and
+    its HEALTHCHECK, with /opt/llama moved to a temporary directory and a free port."""
+    root = tmp_path / "llama"
+    [copy] = [args for op, args in stage_instructions("llama-builder") if op == "RUN" and "copytree" in args]
+    program, *argv = shlex.split(copy.replace("/opt/llama/", f"{root}/"))
+    assert program == "/opt/llama-venv/bin/python"
+    subprocess.run([sys.executable, *argv], check=True, timeout=60)
+    [template] = [args for op, args in stage_instructions("llama") if op == "COPY" and "--from" not in args]
+    source, destination = template.split()
+    (root / "templates").mkdir()
+    (root / "templates" / Path(destination).name).write_bytes((REPO / source).read_bytes())
+
+    entrypoint = json.loads(next(args for op, args in stage_instructions("llama") if op == "ENTRYPOINT"))
+    cmd = json.loads(next(args for op, args in stage_instructions("llama") if op == "CMD"))
+    port = str(free_port())
+    command = [arg.replace("/opt/llama/", f"{root}/") for arg in entrypoint + cmd]
+    command[command.index("--port") + 1] = port
+    command[command.index("--host") + 1] = "127.0.0.1"
+    check = healthcheck_argv("llama")
+    probe = [sys.executable, *[arg.replace("127.0.0.1:8080", f"127.0.0.1:{port}") for arg in check[1:]]]
+    with (tmp_path / "llama.log").open("wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(probe, capture_output=True, timeout=10).returncode != 0:
+            assert server.poll() is None, (tmp_path / "llama.log").read_text()
+            assert time.monotonic() < deadline, "llama-server never became healthy"
+            time.sleep(0.5)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    # And the probe fails once nothing listens.
+    assert subprocess.run(probe, capture_output=True, timeout=10).returncode != 0
