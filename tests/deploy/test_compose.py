@@ -553,3 +553,21 @@ def test_app_healthchecks_against_a_real_server(raw: dict[str, Any], tmp_path: P
     assert _run_check(compose_test, {"127.0.0.1:8000": f"127.0.0.1:{free_port()}"}) != 0
     closed_env = {**os.environ, "SWITCHYARD_SERVER__PORT": str(free_port())}
     assert subprocess.run([sys.executable, *image_test[1:]], env=closed_env, timeout=20, capture_output=True).returncode != 0
+
+
+def test_registry_variables_reach_the_app_container(raw: dict[str, Any]) -> None:
+    """Every ${NAME} config/models.compose.yaml reads, and its API key variable, is in
+    the app service's environment (else the default applies silently)."""
+    app_env = _environment(raw["services"]["app"])
+    names = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", MODELS_FILE.read_text()))
+    names |= {b.api_key_env for b in load_registry(MODELS_FILE).backends.values() if b.api_key_env}
+    assert names and names <= set(app_env), sorted(names - set(app_env))
+
+
+def test_example_profiles_start_the_backend_the_alias_uses(raw: dict[str, Any], env_example: dict[str, str]) -> None:
+    """.env.example's COMPOSE_PROFILES runs the model server its CHAT_BACKEND names."""
+    registry = load_registry(MODELS_FILE)
+    host = urlsplit(registry.backends[env_example["CHAT_BACKEND"]].base_url).hostname
+    assert host in raw["services"]
+    profiles = set(env_example["COMPOSE_PROFILES"].split(","))
+    assert set(raw["services"][host].get("profiles", [])) <= profiles
