@@ -1439,11 +1439,11 @@ class LangGraphService:
             raise ServingError(409, f"run {run.run_id!r} was not started resumable; its stream cannot be joined")
         return board.follow(run.run_id, after, events)
 
-    async def reaped_thread(self, thread_id: str) -> None:
+    async def reaped_thread(self, thread_id: str, tenant: str) -> None:
         """The thread's run was ended by a sweeper (its replica died): its status as a
         cancelled run leaves it (``interrupted`` when its checkpoint waits at an
         interrupt, else ``idle``)."""
-        record = await self._threads.get(thread_id)
+        record = await self._threads.get(thread_id, tenant=tenant)
         if record is None:
             return
         graph = self._threaded(record.graph_id)

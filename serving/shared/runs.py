@@ -21,8 +21,8 @@ Tables (created idempotently at start, under an advisory lock):
 Guarantees and how they are kept:
 
 - A run's row exists before the request that started it answers (the insert is
-  awaited inside `serving.runs.RunHost.open`). Later writes (status, background,
-  frames, the end) go through one ordered writer task: a failure is logged and never
+  awaited inside `serving.runs.RunHost.open`, with status ``running``). Later writes
+  (background, frames, the end) go through one ordered writer task: a failure is logged and never
   breaks the run; frames are written before the end that follows them.
 - Wake-ups ride on one ``LISTEN switchyard_runs`` connection (reconnecting):
   ``f:<run_id>`` new frames, ``e:<run_id>`` a run ended, ``c:<run_id>`` a cancel was
@@ -183,13 +183,14 @@ class RunConflictError(ServingError):
 @dataclass(slots=True)
 class _Op:
     kind: str
-    """``status``, ``background``, ``frame``, ``end``, ``delete``, ``delete_thread``."""
+    """``background``, ``frame``, ``end``, ``delete``, ``delete_thread``."""
     run_id: str
     args: dict[str, Any]
 
 
-ReapedHook = Callable[[str], Awaitable[None]]
-"""Called with the thread id of each run a sweeper ended (sets the thread's status)."""
+ReapedHook = Callable[[str, str], Awaitable[None]]
+"""Called with the thread id and tenant of each run a sweeper ended (sets the
+thread's status)."""
 
 
 class RunBoard:
@@ -341,6 +342,7 @@ class RunBoard:
             "updated_at": _now(), "replica_id": self.replica_id,
         }
         asked: set[str] = set()
+        own_ended: set[str] = set()
         while True:
             if record.guard.error is not None:
                 raise record.guard.error
@@ -354,9 +356,13 @@ class RunBoard:
             other = SharedRun.from_row(other_row)
             remaining = None if until is None else until - time.monotonic()
             if other.replica_id == self.replica_id:
-                # One of ours that has ended here: its end is still in the write queue.
+                # One of ours that has ended here (local admission let this run in): its
+                # end is still in the write queue, or its write failed.
                 if not await self.flushed(other.run_id, 5.0 if remaining is None else max(remaining, 0)):
                     raise ServingError(409, f"thread {record.thread_id!r} is still busy with run {other.run_id}")
+                if other.run_id in own_ended:
+                    await self._end_stale(other.run_id)
+                own_ended.add(other.run_id)
                 continue
             if record.multitask_strategy == "reject":
                 raise RunConflictError(
@@ -374,6 +380,19 @@ class RunBoard:
                     raise record.guard.error
                 raise ServingError(409, f"thread {record.thread_id!r} is still busy with run {other.run_id}")
 
+    async def _end_stale(self, run_id: str) -> None:
+        """End a row of this replica's whose run has ended here but whose end was not
+        written (the write failed): as the local record says, else ``error``."""
+        local = self._registry.lookup(run_id) if self._registry is not None else None
+        status = local.status if local is not None and local.done else "error"
+        log.warning("run board: run %s had ended here but not on the board; now %s", run_id, status)
+        async with self._pool.connection() as connection:
+            await connection.execute(
+                "UPDATE switchyard_runs SET status = %s, updated_at = %s, ended_at = now() "
+                "WHERE run_id = %s AND replica_id = %s AND status IN ('pending', 'running')",
+                (status, _now(), run_id, self.replica_id),
+            )
+
     # ---- writes (ordered, from the writer task) --------------------------------------
 
     def _put(self, op: _Op) -> None:
@@ -386,10 +405,6 @@ class RunBoard:
             return
         self._pending[op.run_id] = self._pending.get(op.run_id, 0) + 1
         self._ops.put_nowait(op)
-
-    def status(self, record: RunRecord) -> None:
-        """The run's status changed (still active)."""
-        self._put(_Op("status", record.run_id, {"status": record.status, "updated_at": record.updated_at}))
 
     def mark_background(self, record: RunRecord) -> None:
         """The run keeps its frames here (followers on any replica can join it). The
@@ -506,12 +521,6 @@ class RunBoard:
                         )
                     for run_id in dict.fromkeys(item.run_id for item in batch):
                         await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"f:{run_id}"))
-            elif op.kind == "status":
-                await connection.execute(
-                    "UPDATE switchyard_runs SET status = %(status)s, updated_at = %(updated_at)s "
-                    "WHERE run_id = %(run_id)s AND status IN ('pending', 'running')",
-                    {**op.args, "run_id": op.run_id},
-                )
             elif op.kind == "background":
                 await connection.execute("UPDATE switchyard_runs SET background = true WHERE run_id = %s", (op.run_id,))
             elif op.kind == "end":
@@ -775,7 +784,7 @@ class RunBoard:
         async with self._pool.connection() as connection, connection.transaction():
             rows = await (
                 await connection.execute(
-                    f"SELECT run_id, thread_id, replica_id, background FROM switchyard_runs "
+                    f"SELECT run_id, thread_id, tenant, replica_id, background FROM switchyard_runs "
                     f"WHERE status IN ('pending', 'running') AND {where} FOR UPDATE SKIP LOCKED",
                     {"me": self.replica_id, "lease": self.lease_s},
                 )
@@ -788,7 +797,7 @@ class RunBoard:
                 message += "; the run was ended; its thread keeps what it saved"
                 if row["thread_id"] is not None and self._on_reaped is not None:
                     try:
-                        await asyncio.wait_for(self._on_reaped(row["thread_id"]), 10)
+                        await asyncio.wait_for(self._on_reaped(row["thread_id"], row["tenant"]), 10)
                     except Exception as exc:  # boundary: the run still ends
                         log.warning("run board: could not set the status of thread %s: %r", row["thread_id"], exc)
                 await connection.execute(

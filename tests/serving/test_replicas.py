@@ -174,6 +174,12 @@ def test_reject_through_b_while_a_runs_the_thread(pair: tuple[Replica, Replica, 
         assert result.status_code == 200, result.text
         assert a.get(f"/threads/{thread}/runs/{run_id}").json()["status"] == "interrupted"
         assert b.get(f"/threads/{thread}").json()["status"] == "idle"
+        # A delete through B cancels A's run first, then deletes the thread.
+        last = a.post(f"/threads/{thread}/runs", json=_body(1500)).json()["run_id"]
+        deleted = b.delete(f"/threads/{thread}")
+        assert deleted.status_code == 204, deleted.text
+        assert a.get(f"/threads/{thread}/runs/{last}").json()["status"] == "interrupted"
+        assert a.get(f"/threads/{thread}").status_code == 404
 
 
 def test_kill_9_of_a_mid_stream_the_retry_through_b_finds_the_thread_intact(
@@ -186,9 +192,12 @@ def test_kill_9_of_a_mid_stream_the_retry_through_b_finds_the_thread_intact(
         thread = a.post("/threads", json={}).json()["thread_id"]
         first = a.post(f"/threads/{thread}/runs/wait", json=_body(5))
         assert first.status_code == 200
+        # A background run on another thread of A's: followed through B when A dies.
+        other = a.post("/threads", json={}).json()["thread_id"]
+        background = a.post(f"/threads/{other}/runs", json=_body(1500)).json()["run_id"]
         dead_run = None
         with pytest.raises(httpx.HTTPError), a.stream("POST", f"/threads/{thread}/runs/stream", json=_body(1500)) as response:
-            for event_id, name, data in _events(response.iter_lines()):
+            for _, name, data in _events(response.iter_lines()):
                 if name == "metadata":
                     dead_run = httpx.Response(200, content=data).json()["run_id"]
                 if name == "messages":
@@ -208,5 +217,12 @@ def test_kill_9_of_a_mid_stream_the_retry_through_b_finds_the_thread_intact(
         dead = b.get(f"/threads/{thread}/runs/{dead_run}").json()
         assert dead["status"] == "error", dead
         assert b.get(f"/threads/{thread}").json()["status"] == "idle"
+        # The background run: ended by B's sweeper, its thread usable, its followers told.
+        assert b.get(f"/threads/{other}/runs/{background}").json()["status"] == "error"
+        assert b.get(f"/threads/{other}").json()["status"] == "idle"
+        with b.stream("GET", f"/threads/{other}/runs/{background}/stream") as response:
+            followed = list(_events(response.iter_lines()))
+        assert followed[0][1] == "metadata" and followed[-1][1] == "error"
+        assert "ReplicaLost" in followed[-1][2] and "replica A" in followed[-1][2]
         metrics = b.get("/metrics").text
-        assert "switchyard_replica_runs_reaped_total 1.0" in metrics
+        assert "switchyard_replica_runs_reaped_total 2.0" in metrics

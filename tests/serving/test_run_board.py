@@ -118,7 +118,8 @@ async def test_a_dead_replicas_runs_are_ended_by_exactly_one_sweeper(boards: Ope
     metrics = [ServingMetrics(), ServingMetrics()]
     reaped_threads: list[str] = []
 
-    async def on_reaped(thread_id: str) -> None:
+    async def on_reaped(thread_id: str, tenant: str) -> None:
+        assert tenant == "acme"
         reaped_threads.append(thread_id)
 
     sweepers = [await boards(name, metrics=m) for name, m in zip(("Y", "Z"), metrics, strict=True)]
