@@ -204,6 +204,12 @@ class PromotionStore:
         self.path = Path(path)
         self._lock_path = self.path.with_name(self.path.name + ".lock")
 
+    @property
+    def location(self) -> str:
+        """Where the promotions live, as errors name it (the file; a store keeping them
+        elsewhere, as replicas sharing a database do, says where)."""
+        return str(self.path)
+
     def load(self) -> PromotionsFile:
         """The file's content (empty when there is none).
 
@@ -257,13 +263,13 @@ class PromotionStore:
                 continue
             replaced[name] = registry.aliases[name].model_copy(update={"targets": promoted.targets})
         if problems:
-            raise PromotionsFileError(str(self.path), problems)
+            raise PromotionsFileError(self.location, problems)
         if not replaced:
             return registry
         try:
             return registry.with_aliases(replaced)
         except ValueError as exc:  # a fallback and a target that clash: not expected, but named
-            raise PromotionsFileError(str(self.path), [str(exc)]) from None
+            raise PromotionsFileError(self.location, [str(exc)]) from None
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -33,7 +33,7 @@ import logging
 import os
 import signal
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,12 +50,14 @@ from gateway.promotions import (
     PromotionConflictError,
     PromotionError,
     PromotionStore,
+    PromotionsFile,
     PromotionStoreError,
     promotions_path,
 )
 from serving.deps import PrincipalDep, require_key
 from serving.errors import ServingError
 from serving.platform import Platform
+from serving.shared.promotions import PostgresPromotionStore, open_promotion_store
 from serving.promotion import (
     Check,
     GateRefusedError,
@@ -65,7 +67,7 @@ from serving.promotion import (
     serving_evaluate,
 )
 
-__all__ = ["ModelsReloader", "router"]
+__all__ = ["ModelsReloader", "open_models_reloader", "router"]
 
 log = logging.getLogger(__name__)
 
@@ -78,32 +80,80 @@ def _identity(path: Path) -> tuple[int, int, int, int] | None:
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
+async def open_models_reloader(platform: Platform) -> ModelsReloader:
+    """The app's reloader, its promotions in force (close it with ``aclose``).
+
+    Raises:
+        RegistryError: the promotions name what the models file lacks (the server does
+            not start; ``switchyard models rollback`` is the way out).
+        PromotionStoreError: the shared database cannot be reached.
+    """
+    store = await asyncio.to_thread(open_promotion_store, platform.settings)
+    reloader = ModelsReloader(platform, store=store)
+    try:
+        await reloader.prepare()
+    except BaseException:
+        await reloader.aclose()
+        raise
+    return reloader
+
+
 class ModelsReloader:
     """Reloads the gateway's registry from the models file and the promotions; see the
     module docstring."""
 
-    def __init__(self, platform: Platform) -> None:
+    def __init__(self, platform: Platform, *, store: PromotionStore | None = None) -> None:
+        """Args:
+        platform: the served platform (its gateway is reloaded).
+        store: the promotions (default ``promotions.json`` in the data directory);
+            a `PostgresPromotionStore` is polled every ``state.reload_s``.
+        """
         self._platform = platform
         self._gateway: ModelGateway = platform.gateway
         self._path = Path(platform.settings.gateway.models_file)
-        self.store = PromotionStore(promotions_path(platform.settings.data_dir))
+        self.store = store or PromotionStore(promotions_path(platform.settings.data_dir))
+        self._shared = isinstance(self.store, PostgresPromotionStore)
         self._check_s = platform.settings.gateway.reload_check_s
-        self._seen = self._identities()
+        if self._shared:
+            self._check_s = min(self._check_s, platform.settings.state.reload_s)
+        self._seen: tuple[Any, Any] = (_identity(self._path), None)
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._signal_installed = False
+        self._store_down = False
+        self.promotions: Mapping[str, AliasPromotions] = {}
+        """The promotions in force (as last read with the registry)."""
         self.reloads: Counter[str] = Counter()
         """Reload attempts by outcome (``ok``, ``refused``)."""
-        if self.store.path.exists():
-            # The platform was built from the models file alone: put the promotions in
-            # force before the first request. An invalid file stops the start, as an
-            # invalid models file does (`switchyard models rollback`, which works with no
-            # server running, is the way out when a promoted backend was removed).
-            self._gateway.reload(self.store.apply(self._gateway.registry), required=self.required())
-            log.info("promotions in %s applied", self.store.path)
 
-    def _identities(self) -> tuple[Any, Any]:
-        return _identity(self._path), _identity(self.store.path)
+    async def prepare(self) -> None:
+        """Put the promotions in force before the first request (the platform was built
+        from the models file alone). Invalid promotions stop the start, as an invalid
+        models file does (`switchyard models rollback`, which works with no server
+        running, is the way out when a promoted backend was removed)."""
+        models = _identity(self._path)
+        stamp, promotions = await asyncio.to_thread(self._read_promotions)
+        self._seen = (models, stamp)
+        if promotions.aliases:
+            self._gateway.reload(self.store.apply(self._gateway.registry, source=promotions.aliases), required=self.required())
+            log.info("promotions in %s applied", self.store.location)
+        self.promotions = promotions.aliases
+
+    def _promotions_stamp(self) -> Any:
+        """What says the promotions changed: the file's identity, or the shared version."""
+        if isinstance(self.store, PostgresPromotionStore):
+            return self.store.version()
+        return _identity(self.store.path)
+
+    def _read_promotions(self) -> tuple[Any, PromotionsFile]:
+        """(stamp, content), the stamp read first: a change in between is seen again."""
+        if isinstance(self.store, PostgresPromotionStore):
+            return self.store.snapshot()
+        return _identity(self.store.path), self.store.load()
+
+    async def _identities(self) -> tuple[Any, Any]:
+        stamp = await asyncio.to_thread(self._promotions_stamp) if self._shared else self._promotions_stamp()
+        return _identity(self._path), stamp
 
     def required(self) -> dict[str, str]:
         """Aliases the platform's graphs and embedder call, with who calls them."""
@@ -127,18 +177,24 @@ class ModelsReloader:
             RegistryError: the file is invalid or drops a required alias (nothing changed).
         """
         async with self._lock:
-            self._seen = self._identities()
+            models = _identity(self._path)
+            # The shared store is a database read (a worker thread); the file is a few KB
+            # of JSON and pydantic validation: not worth a thread.
+            stamp, promotions = (
+                await asyncio.to_thread(self._read_promotions) if self._shared else self._read_promotions()
+            )
+            self._seen = (models, stamp)
             try:
-                # A few KB of YAML and JSON and pydantic validation: not worth a thread.
-                registry = self.store.apply(load_registry(self._path))
+                registry = self.store.apply(load_registry(self._path), source=promotions.aliases)
                 self._gateway.reload(registry, required=self.required())
             except RegistryError as exc:
                 self.reloads["refused"] += 1
                 log.error("model registry reload (%s) refused, the running registry stays: %s", reason, exc)
                 raise
+            self.promotions = promotions.aliases
             self.reloads["ok"] += 1
             log.info("model registry reloaded from %s (%s)", self._path, reason)
-            return describe(self._gateway, self.store)
+            return describe(self._gateway, self.promotions)
 
     async def commit(self, write: Callable[[Check], HistoryEntry]) -> HistoryEntry:
         """Write a change of the promotions file and put it in force at once (a
@@ -159,20 +215,47 @@ class ModelsReloader:
                 missing = sorted(set(self.required()) - set(registry.aliases))
                 if missing:
                     raise RegistryError(str(self._path), [f"aliases.{name}: missing" for name in missing])
-                built.append(registry)
+                built.append((registry, aliases))
 
-            entry = await asyncio.to_thread(write, check)
-            self._gateway.reload(built[-1], required=self.required())
-            self._seen = self._identities()
+            def write_and_stamp() -> tuple[HistoryEntry, Any]:
+                entry = write(check)
+                # The version this write made (not one read after it: another replica's
+                # change in between would then never be loaded here).
+                if isinstance(self.store, PostgresPromotionStore):
+                    return entry, self.store.written_version()
+                return entry, _identity(self.store.path)
+
+            entry, stamp = await asyncio.to_thread(write_and_stamp)
+            registry, aliases = built[-1]
+            self._gateway.reload(registry, required=self.required())
+            self.promotions = aliases
+            self._seen = (_identity(self._path), stamp)
             self.reloads["ok"] += 1
             return entry
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self._check_s)
-            if self._identities() != self._seen:
-                with contextlib.suppress(RegistryError):
-                    await self.reload("a file changed")
+            try:
+                changed = await self._identities() != self._seen
+                if changed:
+                    await self.reload("the models file or the promotions changed")
+            except RegistryError:
+                pass  # refused: logged by reload, the running registry stays
+            except PromotionStoreError as exc:
+                self._outage(exc)
+                continue
+            self._recovered()
+
+    def _outage(self, exc: PromotionStoreError) -> None:
+        if not self._store_down:
+            self._store_down = True
+            log.error("%s; the running registry stays until it answers", exc)
+
+    def _recovered(self) -> None:
+        if self._store_down:
+            self._store_down = False
+            log.warning("%s answers again", self.store.location)
 
     def _on_sighup(self) -> None:
         task = asyncio.get_running_loop().create_task(self._reload_quietly("SIGHUP"))
@@ -180,8 +263,10 @@ class ModelsReloader:
         task.add_done_callback(self._signalled.discard)
 
     async def _reload_quietly(self, reason: str) -> None:
-        with contextlib.suppress(RegistryError):
+        try:
             await self.reload(reason)
+        except (RegistryError, PromotionStoreError) as exc:
+            log.error("model registry reload (%s) failed: %s", reason, exc)
 
     def start(self) -> None:
         """Watch the file, and reload on SIGHUP when this is the main thread's loop."""
@@ -203,17 +288,17 @@ class ModelsReloader:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if isinstance(self.store, PostgresPromotionStore):
+            await asyncio.to_thread(self.store.close)
 
 
-def describe(gateway: ModelGateway, store: PromotionStore | None = None) -> dict[str, Any]:
+def describe(gateway: ModelGateway, promotions: Mapping[str, AliasPromotions] | None = None) -> dict[str, Any]:
     """The served registry and each backend's breaker, for operators; a promoted alias
-    says so (``promoted``: its last promotion's seq, backend, when and by whom)."""
+    says so (``promoted``: its last promotion's seq, backend, when and by whom), from
+    ``promotions``, the promotions in force (`ModelsReloader.promotions`)."""
     registry = gateway.registry
     states = gateway.breakers.states()
-    promoted: dict[str, AliasPromotions] = {}
-    if store is not None:
-        with contextlib.suppress(RegistryError):  # an invalid file is refused on reload and logged there
-            promoted = {name: p for name, p in store.load().aliases.items() if p.targets is not None}
+    promoted = {name: p for name, p in (promotions or {}).items() if p.targets is not None}
     return {
         "aliases": {
             name: {
@@ -258,6 +343,8 @@ async def reload_models(request: Request, principal: PrincipalDep) -> dict[str, 
         served = await reloader.reload(f"POST /admin/models/reload by tenant {principal.tenant}")
     except RegistryError as exc:
         raise ServingError(400, str(exc)) from None
+    except PromotionStoreError as exc:
+        raise ServingError(503, str(exc)) from None
     return {"reloaded": True, **served}
 
 
@@ -265,7 +352,7 @@ async def reload_models(request: Request, principal: PrincipalDep) -> dict[str, 
 async def models_state(request: Request, principal: PrincipalDep) -> dict[str, Any]:
     """The served aliases and each backend's circuit breaker."""
     _admin(principal)
-    return describe(request.app.state.platform.gateway, request.app.state.models_reloader.store)
+    return describe(request.app.state.platform.gateway, request.app.state.models_reloader.promotions)
 
 
 def _promoted(promotions: AliasPromotions) -> dict[str, Any]:

@@ -25,12 +25,13 @@ from eval.report import render_gate_html
 from gateway import Backend, UnknownModelError, load_registry
 from gateway.local import start_backend, stop_backend
 from gateway.registry import LocalLaunch
-from gateway.promotions import PromotionsFileError, PromotionStore, promotions_path
+from gateway.promotions import PromotionsFileError
 from serving.audit import AuditLog, load_key
 from serving.errors import ServingError
 from serving.eval_runner import backends_of, cli_host
 from serving.platform import Platform
 from serving.promotion import GateRefusedError, Promoter, file_commit, serving_evaluate
+from serving.shared.promotions import close_promotion_store, open_promotion_store
 from serving.settings import Settings
 
 __all__ = ["models_app"]
@@ -79,7 +80,7 @@ async def _local_promoter(settings: Settings, *, evaluating: tuple[str, str] | N
             they and the judge (``eval.judge``) use are started if they are not running,
             and stopped afterwards (as ``serve`` and ``eval run`` do).
     """
-    store = PromotionStore(promotions_path(settings.data_dir))
+    store = open_promotion_store(settings)
     platform = Platform.build(settings)
     started: list[Backend] = []
     try:
@@ -126,6 +127,7 @@ async def _local_promoter(settings: Settings, *, evaluating: tuple[str, str] | N
             except OSError as exc:  # whatever was promoted stays promoted: say so, do not fail
                 typer.secho(f"error: the audit log {settings.audit_path} could not be closed: {exc}", fg=typer.colors.RED, err=True)
     finally:
+        close_promotion_store(store)
         await platform.aclose()
         for backend in started:
             typer.echo(f"stopping local backend {backend.id}", err=True)
@@ -261,17 +263,22 @@ def history(
     if url is not None:
         _, answer = _call(url, api_key, "GET", f"/admin/models/{alias}/history")
     else:
-        # Reading needs no platform: the history file, and the registry for an unknown alias.
+        # Reading needs no platform: the history (file or shared database), and the
+        # registry for an unknown alias.
         settings = env.settings
-        store = PromotionStore(promotions_path(settings.data_dir))
-        entries = store.history(alias)
+        store = open_promotion_store(settings)
+        try:
+            promotions = store.alias(alias)
+        finally:
+            close_promotion_store(store)
+        entries = promotions.history
         if not entries:
             registry = load_registry(settings.gateway.models_file)
             if alias not in registry.aliases:
                 raise ServingError(404, f"unknown model alias {alias!r}; aliases: {', '.join(sorted(registry.aliases))}")
         answer = {
             "alias": alias,
-            "promoted": store.alias(alias).targets is not None,
+            "promoted": promotions.targets is not None,
             "entries": [e.model_dump(mode="json", exclude={"previous_override"}) for e in entries],
         }
     if as_json:
