@@ -30,6 +30,8 @@ from serving.app import create_app
 from serving.auth import hash_key
 from serving.settings import load_settings
 from tests.conftest import REPO, SWITCHYARD, write_models_file
+from tests.replicas import create_key as replica_key
+from tests.replicas import start_replicas, stop_replicas
 
 pytestmark = [pytest.mark.integration]
 
@@ -239,3 +241,29 @@ async def test_keys_file_is_imported_once(tmp_path: Path, postgres_dsn: str, fak
     assert cli(config, "revoke", key_id).returncode == 0
     async with running(config) as (_, client):  # the file is still there: not imported again
         assert await models(client, key) == 401
+
+
+@pytest.mark.e2e
+def test_two_processes_a_key_created_through_a_works_on_b(
+    tmp_path: Path, postgres_dsn: str, redis_url: str, fake_backend_url: str
+) -> None:
+    """Two ``switchyard serve`` processes over one PostgreSQL and one Redis: a key made by
+    ``POST /admin/keys`` on A works on B at once; revoked through A, B refuses it within
+    its reload interval."""
+    models_file = write_models_file(tmp_path / "models.yaml", None, fake_backend_url, chat_default="fake-ok")
+    replicas = start_replicas(tmp_path, dsn=postgres_dsn, redis_url=redis_url, models_file=models_file)
+    try:
+        a, b = replicas
+        admin = {"x-api-key": replica_key(a, "ops")}
+        created = httpx.post(a.url + "/admin/keys", json={"tenant": "acme"}, headers=admin, timeout=30)
+        assert created.status_code == 201, created.text
+        key, key_id = created.json()["key"], created.json()["id"]
+        bearer = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(b.url + "/v1/models", headers=bearer, timeout=30).status_code == 200
+        assert httpx.delete(f"{a.url}/admin/keys/{key_id}", headers=admin, timeout=30).status_code == 200
+        started = time.monotonic()
+        while httpx.get(b.url + "/v1/models", headers=bearer, timeout=30).status_code != 401:
+            assert time.monotonic() - started < 0.5 + MARGIN_S, "B still accepts the revoked key"
+            time.sleep(0.05)
+    finally:
+        stop_replicas(replicas)

@@ -19,12 +19,14 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from gateway.promotions import PromotionConflictError, PromotionStore, promotions_path
 from gateway.registry import AliasTarget
 from serving.shared.promotions import PostgresPromotionStore
 from tests.conftest import REPO, SWITCHYARD
 from tests.gateway.traffic import openai_complete, targets, write_models
+from tests.replicas import create_key, start_replicas, stop_replicas
 from tests.scripted import ScriptedBackend, running_scripted_backend
 from tests.serving.test_promotion import _suite
 from tests.serving.test_shared_keys import MARGIN_S, RELOAD_S, _cut_off, admin_key, running, shared_config, within
@@ -189,3 +191,30 @@ async def test_database_down_keeps_the_registry(
         finally:
             store.close()
         await within(10, lambda: _served(a, admin), ([("b", 100)], True))
+
+
+@pytest.mark.e2e
+async def test_two_processes_a_promotion_through_a_is_served_by_b(
+    tmp_path: Path, postgres_dsn: str, redis_url: str, backends: dict[str, ScriptedBackend]
+) -> None:
+    """Two ``switchyard serve`` processes over one PostgreSQL: a promotion through A is
+    served by B (its ``/admin/models`` and a chat's backend) within B's reload interval."""
+    models_file = write_models(tmp_path / "promoted-models.yaml", backends, ALIASES)
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(yaml.safe_dump({
+        "graphs": {"chat": {"path": "graphs.chat:make_graph", "model": "main"}},
+        "eval": {"suites": {"main": [str(_suite(tmp_path))]}},
+    }))
+    replicas = start_replicas(tmp_path, dsn=postgres_dsn, redis_url=redis_url, models_file=models_file, config=overlay)
+    try:
+        a, b = replicas
+        admin = create_key(a, "ops")
+        async with httpx.AsyncClient(base_url=a.url, timeout=120) as on_a, httpx.AsyncClient(base_url=b.url, timeout=60) as on_b:
+            assert await _served(on_b, admin) == ([("a", 100)], False)
+            promoted = await on_a.post("/admin/models/main/promote", json={"backend": "b"}, headers={"x-api-key": admin})
+            assert promoted.status_code == 200, promoted.text
+            took = await within(0.5 + MARGIN_S, lambda: _served(on_b, admin), ([("b", 100)], True))
+            assert took <= 0.5 + MARGIN_S
+            assert await _backend_of_chat(on_b, admin) == "b"
+    finally:
+        stop_replicas(replicas)
