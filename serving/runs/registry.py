@@ -85,6 +85,11 @@ ThreadOp = Literal["delete", "update", "copy"]
 _OP_NAMES: dict[ThreadOp, str] = {"delete": "a delete", "update": "a state update", "copy": "a copy"}
 
 
+def _shutdown_frame(index: int) -> str:
+    data = orjson.dumps({"error": "ServerShutdown", "message": "the server is shutting down; the run was cancelled"})
+    return f"event: error\ndata: {data.decode()}\nid: {index}\n\n"
+
+
 def end_frame(run_id: str) -> str:
     """The ``end`` event a thread stream sends after a run's last event."""
     return f"event: end\ndata: {orjson.dumps({'run_id': run_id}).decode()}\nid: {run_id}:end\n\n"
@@ -481,13 +486,21 @@ class RunRegistry:
         if board is not None:
             board.mark_background(record)
 
+        def keep(frame: str) -> None:
+            record.append(frame)
+            if board is not None:
+                board.frame(record, record.dropped + len(record.frames) - 1, frame)  # type: ignore[arg-type]
+
         async def pump() -> None:
             try:
                 async with aclosing(self.relay(record, frames)) as relayed:  # type: ignore[type-var]
                     async for frame in relayed:
-                        record.append(frame)
-                        if board is not None:
-                            board.frame(record, record.dropped + len(record.frames) - 1, frame)  # type: ignore[arg-type]
+                        keep(frame)
+            except asyncio.CancelledError:
+                if board is not None:
+                    # Server shutdown: followers on other replicas are told why it ended.
+                    keep(_shutdown_frame(record.dropped + len(record.frames or ())))
+                raise
             finally:
                 if board is not None:
                     board.pumped(record)
@@ -495,6 +508,10 @@ class RunRegistry:
         task = asyncio.get_running_loop().create_task(pump())
         self._tasks[task] = close
         task.add_done_callback(self._pumped)
+        if board is not None:
+            # Also when the pump was cancelled before its first step (its `finally`
+            # never ran): the run's end, written when `close` ends it, is not held back.
+            task.add_done_callback(lambda _: board.pumped(record))
 
     def _pumped(self, task: asyncio.Task[None]) -> None:
         close = self._tasks.pop(task, None)

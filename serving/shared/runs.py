@@ -53,10 +53,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from serving._tasks import RunCancelledError
 from serving.errors import ServingError
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
     from serving.runs.registry import RunRecord, RunRegistry
     from serving.shared.settings import StateSettings
 
-__all__ = ["ACTIVE", "RunBoard", "SharedRun", "default_replica_id"]
+__all__ = ["ACTIVE", "BoardUnavailableError", "RunBoard", "RunConflictError", "SharedRun", "default_replica_id"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ _SCHEMA = (
         frame text NOT NULL,
         PRIMARY KEY (run_id, idx))""",
 )
+_FOLLOW_PAGE = 500
+"""Frames a follower reads per query."""
 _SCHEMA_LOCK = 0x5357_5255_4E53  # pg_advisory_xact_lock key: two replicas starting at once
 
 _COLUMNS = (
@@ -178,6 +181,13 @@ class SharedRun:
 
 class RunConflictError(ServingError):
     """The thread has an active run on the board and the strategy is ``reject``."""
+
+
+class BoardUnavailableError(ServingError):
+    """The shared database did not answer a request's read or admission (503)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(503, f"the shared run board (PostgreSQL) does not answer: {type(exc).__name__}; try again")
 
 
 @dataclass(slots=True)
@@ -260,7 +270,11 @@ class RunBoard:
             dsn,
             min_size=1,
             max_size=pool_size,
-            kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+            # A statement stuck on a lock ends (the sweeper holds its rows' locks briefly).
+            kwargs={
+                "autocommit": True, "prepare_threshold": None, "row_factory": dict_row,
+                "options": "-c statement_timeout=15000",
+            },
             timeout=10,
             open=False,
         )
@@ -322,6 +336,17 @@ class RunBoard:
             log.warning("run board: could not remove replica %s: %r", self.replica_id, exc)
         await self._pool.close()
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection for a request's read or admission: a database failure
+        is a `BoardUnavailableError` (503), never a 500."""
+        try:
+            async with self._pool.connection() as connection:
+                yield connection
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning("run board: %r", exc)
+            raise BoardUnavailableError(exc) from exc
+
     # ---- admission (awaited in RunHost.open) -----------------------------------------
 
     async def admit(self, record: RunRecord, *, deadline_s: float | None) -> None:
@@ -346,7 +371,7 @@ class RunBoard:
         while True:
             if record.guard.error is not None:
                 raise record.guard.error
-            async with self._pool.connection() as connection:
+            async with self._connection() as connection:
                 inserted = await (await connection.execute(_INSERT, row)).fetchone()
                 if inserted is not None:
                     return
@@ -386,7 +411,7 @@ class RunBoard:
         local = self._registry.lookup(run_id) if self._registry is not None else None
         status = local.status if local is not None and local.done else "error"
         log.warning("run board: run %s had ended here but not on the board; now %s", run_id, status)
-        async with self._pool.connection() as connection:
+        async with self._connection() as connection:
             await connection.execute(
                 "UPDATE switchyard_runs SET status = %s, updated_at = %s, ended_at = now() "
                 "WHERE run_id = %s AND replica_id = %s AND status IN ('pending', 'running')",
@@ -446,10 +471,6 @@ class RunBoard:
             self._held_ends[record.run_id] = end
         else:
             self._put(end)
-
-    def abandon(self, record: RunRecord) -> None:
-        """Remove a row inserted for a run that then did not start (refused later)."""
-        self._put(_Op("delete", record.run_id, {}))
 
     def forget(self, run_id: str) -> None:
         """``DELETE .../runs/{id}`` of a finished run."""
@@ -546,7 +567,7 @@ class RunBoard:
     # ---- reads -----------------------------------------------------------------------
 
     async def get(self, run_id: str) -> SharedRun | None:
-        async with self._pool.connection() as connection:
+        async with self._connection() as connection:
             row = await (
                 await connection.execute(f"SELECT {_COLUMNS} FROM switchyard_runs WHERE run_id = %s", (run_id,))
             ).fetchone()
@@ -554,13 +575,13 @@ class RunBoard:
 
     async def active_on(self, thread_id: str) -> SharedRun | None:
         """The thread's active run, whichever replica hosts it."""
-        async with self._pool.connection() as connection:
+        async with self._connection() as connection:
             row = await (await connection.execute(_ACTIVE_ON_THREAD, (thread_id,))).fetchone()
         return SharedRun.from_row(row) if row is not None else None
 
     async def of_thread(self, thread_id: str, tenant: str) -> list[SharedRun]:
         """The thread's runs, newest first."""
-        async with self._pool.connection() as connection:
+        async with self._connection() as connection:
             rows = await (
                 await connection.execute(
                     f"SELECT {_COLUMNS} FROM switchyard_runs WHERE thread_id = %s AND tenant = %s "
@@ -571,7 +592,7 @@ class RunBoard:
         return [SharedRun.from_row(row) for row in rows]
 
     async def of_tenant(self, tenant: str, statuses: tuple[str, ...] = ACTIVE) -> list[SharedRun]:
-        async with self._pool.connection() as connection:
+        async with self._connection() as connection:
             rows = await (
                 await connection.execute(
                     f"SELECT {_COLUMNS} FROM switchyard_runs WHERE tenant = %s AND status = ANY(%s) LIMIT 10000",
@@ -585,7 +606,7 @@ class RunBoard:
     async def request_cancel(self, run_id: str, reason: str) -> bool:
         """Ask the run's host to cancel it (the row's ``cancel_reason`` and a
         notification; the host also polls). False if it is not active."""
-        async with self._pool.connection() as connection, connection.transaction():
+        async with self._connection() as connection, connection.transaction():
             row = await (
                 await connection.execute(
                     "UPDATE switchyard_runs SET cancel_reason = coalesce(cancel_reason, %s) "
@@ -640,43 +661,52 @@ class RunBoard:
     async def follow(self, run_id: str, after: int = -1, events: frozenset[str] | None = None) -> AsyncIterator[str]:
         """A background run's frames after event id ``after`` from the board, then new
         ones as they are written, until the run has ended (`RunRecord.follow`'s
-        contract, for a run hosted anywhere)."""
+        contract, for a run hosted anywhere). If the database stops answering, an
+        ``error`` event (no id: the client resumes from its last one) ends them."""
         index = max(after + 1, 0)
-        ended = False
         event = self._waker(run_id)
         try:
             while True:
                 event.clear()
-                async with self._pool.connection() as connection:
-                    rows = await (
-                        await connection.execute(
-                            "SELECT idx, frame FROM switchyard_run_frames WHERE run_id = %s AND idx >= %s "
-                            "ORDER BY idx LIMIT 500",
-                            (run_id, index),
-                        )
-                    ).fetchall()
-                if rows and rows[0]["idx"] > index:
+                try:
+                    rows, done = await self._follow_step(run_id, index)
+                except BoardUnavailableError as exc:
+                    # After the headers an error is an event.
+                    data = orjson.dumps({"error": "BoardUnavailable", "message": f"{exc}; reconnect with Last-Event-ID"})
+                    yield f"event: error\ndata: {data.decode()}\n\n"
+                    return
+                if rows and rows[0][0] > index:
                     # Dropped from the bounded buffer before this follower read them
                     # (at the start, or while it fell behind): said, never a silent hole.
-                    yield f": {rows[0]['idx'] - index} earlier events are no longer kept\n\n"
-                for row in rows:
-                    kept = row["frame"]
+                    yield f": {rows[0][0] - index} earlier events are no longer kept\n\n"
+                for number, kept in rows:
                     mode = event_mode(kept)
                     if events is None or mode is None or mode in events or mode in CONTROL_EVENTS:
                         yield kept
-                    index = row["idx"] + 1
-                if len(rows) == 500:
+                    index = number + 1
+                if len(rows) == _FOLLOW_PAGE:
                     continue
-                if ended:
-                    return  # frames are written before the end: nothing more will come
-                shared = await self.get(run_id)
-                if shared is None or shared.done:
-                    ended = True
-                    continue  # read once more: what was written before the end
+                if done:
+                    return  # ended before these were read, and frames are written before the end
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), self.heartbeat_s)
         finally:
             self._unwake(run_id, event)
+
+    async def _follow_step(self, run_id: str, index: int) -> tuple[list[tuple[int, str]], bool]:
+        """The run's frames from ``index`` (a page), and whether it had ended before
+        they were read."""
+        async with self._connection() as connection:
+            status = await (
+                await connection.execute("SELECT status FROM switchyard_runs WHERE run_id = %s", (run_id,))
+            ).fetchone()
+            rows = await (
+                await connection.execute(
+                    "SELECT idx, frame FROM switchyard_run_frames WHERE run_id = %s AND idx >= %s ORDER BY idx LIMIT %s",
+                    (run_id, index, _FOLLOW_PAGE),
+                )
+            ).fetchall()
+        return [(row["idx"], row["frame"]) for row in rows], status is None or status["status"] not in ACTIVE
 
     # ---- listening, heartbeat, sweeping ----------------------------------------------
 

@@ -226,3 +226,33 @@ def test_kill_9_of_a_mid_stream_the_retry_through_b_finds_the_thread_intact(
         assert "ReplicaLost" in followed[-1][2] and "replica A" in followed[-1][2]
         metrics = b.get("/metrics").text
         assert "switchyard_replica_runs_reaped_total 2.0" in metrics
+
+
+def test_a_replica_stopped_cleanly_ends_its_runs_and_leaves(
+    pair: tuple[Replica, Replica, dict[str, str]], postgres_dsn: str
+) -> None:
+    """SIGTERM: A ends its background run itself (``interrupted``, as a single server
+    does at shutdown, not an ``error`` found by a sweeper) and removes its replica row."""
+    import psycopg  # noqa: PLC0415 - only this test reads the tables
+
+    a_rep, b_rep, headers = pair
+    with httpx.Client(base_url=a_rep.url, headers=headers, timeout=30) as a, httpx.Client(
+        base_url=b_rep.url, headers=headers, timeout=30
+    ) as b:
+        thread = a.post("/threads", json={}).json()["thread_id"]
+        run_id = a.post(f"/threads/{thread}/runs", json=_body(1500)).json()["run_id"]
+        _wait_for(lambda: b.get(f"/threads/{thread}").json()["status"] == "busy", what="the run on A")
+        a_rep.stop()
+        assert a_rep.process.returncode == 143  # exited on SIGTERM, after its clean-up
+        assert b.get(f"/threads/{thread}/runs/{run_id}").json()["status"] == "interrupted"
+        assert b.get(f"/threads/{thread}").json()["status"] == "idle"
+        with b.stream("GET", f"/threads/{thread}/runs/{run_id}/stream") as response:
+            followed = list(_events(response.iter_lines()))
+        assert followed[-1][1] == "error" and "ServerShutdown" in followed[-1][2], followed[-1]
+        with psycopg.connect(postgres_dsn) as connection:
+            replicas = [row[0] for row in connection.execute("SELECT replica_id FROM switchyard_replicas")]
+        assert replicas == ["B"]
+        # Nothing was left for B to sweep.
+        assert "switchyard_replica_runs_reaped_total 0.0" in b.get("/metrics").text
+        # Cancelling the tenant's runs by status through B finds none active.
+        assert b.post("/runs/cancel", json={"status": "running"}).status_code == 204

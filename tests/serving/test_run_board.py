@@ -208,3 +208,25 @@ async def test_frames_are_bounded_per_run_and_replayed_in_order(boards: Open) ->
     assert replay == frames[18:]
     shared = await reader.get(run.run_id)
     assert shared is not None and shared.status == "success" and shared.background
+
+
+async def test_the_listener_reconnects_after_its_connection_is_killed(boards: Open, postgres_dsn: str) -> None:
+    owner, other = await boards("owner", heartbeat_s=10, lease_s=30), await boards("other", heartbeat_s=10, lease_s=30)
+    registry = RunRegistry(board=owner)
+    await owner.start(registry)
+    await asyncio.sleep(0.3)
+    killed = await _rows(
+        postgres_dsn,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%' AND datname = current_database()",
+    )
+    assert killed, "no LISTEN connection found"
+    await asyncio.sleep(1.0)  # reconnects after 0.2 s
+    run = _record(str(uuid.uuid4()))
+    registry.add(run)
+    await owner.admit(run, deadline_s=5)
+    assert await other.request_cancel(run.run_id, "after the reconnect")
+    for _ in range(40):  # well before the owner's 10 s poll
+        if run.guard.error is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert str(run.guard.error) == "after the reconnect"
