@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool, PoolTimeout
 
 from serving.auth import AuthSettings, Authenticator, KeyRecord, Principal, TenantSettings, hash_key, load_keys, new_key
 from serving.errors import ServingError
@@ -42,7 +42,7 @@ from serving.errors import ServingError
 if TYPE_CHECKING:
     from serving.settings import Settings
 
-__all__ = ["KEYS_TABLE", "PostgresKeyStore", "SharedAuthenticator", "open_authenticator", "open_key_store"]
+__all__ = ["KEYS_TABLE", "PostgresKeyStore", "SharedAuthenticator", "SharedConnection", "open_authenticator", "open_key_store"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,63 @@ _NEGATIVE_MAX = 10_000
 keys does not cost a query each; beyond this many the memory is cleared."""
 
 
+class SharedConnection:
+    """One PostgreSQL connection for a small shared store (keys, promotions), opened when
+    first needed and again after it broke, used by one thread at a time.
+
+    Not a pool: these stores make a query every ``reload_s`` and a few on demand, and a
+    pool's background reconnection would log every attempt during an outage (the stores
+    log an outage once). A connection the server dropped fails the call that meets it
+    (the caller answers 503 or tries again at its next poll); the next call reconnects.
+    """
+
+    def __init__(self, dsn: str, *, timeout_s: float) -> None:
+        """Args:
+        dsn: the database.
+        timeout_s: the longest a call waits for the connection (to be free, or made),
+            and each statement's limit (``statement_timeout``).
+        """
+        self._dsn = dsn
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._connection: psycopg.Connection[Any] | None = None
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[psycopg.Connection[Any]]:
+        """The connection (autocommit, rows as dicts), for this thread alone.
+
+        Raises:
+            psycopg.OperationalError: it cannot be had within the timeout.
+        """
+        if not self._lock.acquire(timeout=self._timeout_s):
+            raise psycopg.OperationalError(f"the connection was busy for more than {self._timeout_s:g} s")
+        try:
+            if self._connection is None or self._connection.closed or self._connection.broken:
+                self._discard()
+                self._connection = psycopg.connect(
+                    self._dsn, autocommit=True, row_factory=dict_row,  # type: ignore[arg-type]
+                    connect_timeout=max(1, round(self._timeout_s)),
+                    options=f"-c statement_timeout={round(self._timeout_s * 1000)}",
+                )
+            try:
+                yield self._connection
+            except psycopg.OperationalError:
+                self._discard()
+                raise
+        finally:
+            self._lock.release()
+
+    def _discard(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._connection.close()
+            self._connection = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._discard()
+
+
 def _record(row: Mapping[str, Any]) -> KeyRecord:
     return KeyRecord(id=row["id"], tenant=row["tenant"], sha256=row["sha256"], created_at=row["created_at"])
 
@@ -76,26 +133,15 @@ class PostgresKeyStore:
     """The ``switchyard_api_keys`` table as a `serving.auth.KeyStore`, plus what replicas
     need to follow it (`find`, `version`, `snapshot`).
 
-    Synchronous, on a small pool of its own (a CLI uses it as is, the server through
-    worker threads). Every failure to reach the database is a `ServingError` 503 naming
-    the key store; taking a connection waits at most ``timeout_s``.
+    Synchronous, on one connection of its own (`SharedConnection`; a CLI uses it as is,
+    the server through worker threads). Every database failure is a `ServingError` 503
+    naming the key store (nothing changed); a call waits at most ``timeout_s``.
     """
 
-    def __init__(self, dsn: str, tenants: Mapping[str, TenantSettings], *, timeout_s: float = 2.0, pool_size: int = 2) -> None:
+    def __init__(self, dsn: str, tenants: Mapping[str, TenantSettings], *, timeout_s: float = 2.0) -> None:
         self.tenants = tenants
         self.where = f"the shared key store (PostgreSQL table {KEYS_TABLE})"
-        self._timeout_s = timeout_s
-        self._pool = ConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=pool_size,
-            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, round(timeout_s))},
-            configure=lambda connection: connection.execute(f"SET statement_timeout = {round(timeout_s * 1000)}"),
-            timeout=timeout_s,
-            reconnect_timeout=0,  # never give up reconnecting: the database may come back
-            open=False,
-            name="switchyard-keys",
-        )
+        self._connection_of = SharedConnection(dsn, timeout_s=timeout_s)
 
     def open(self, *, import_file: Path | None = None) -> None:
         """Connect, create the tables if needed, import ``import_file`` once (see the
@@ -105,28 +151,24 @@ class PostgresKeyStore:
             ServingError: 503 the database cannot be reached; 500 ``import_file`` is malformed.
         """
         try:
-            self._pool.open(wait=True, timeout=max(5.0, self._timeout_s))
-        except PoolTimeout as exc:
-            self._pool.close()
-            raise ServingError(503, f"{self.where} cannot be reached: {exc}") from None
-        try:
             self.setup(import_file)
         except BaseException:
-            self._pool.close()
+            self.close()
             raise
 
     def close(self) -> None:
-        self._pool.close()
+        self._connection_of.close()
 
     def _unavailable(self, exc: Exception) -> ServingError:
-        return ServingError(503, f"{self.where} cannot be reached ({type(exc).__name__}: {exc}); try again shortly")
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return ServingError(503, f"{self.where} cannot be reached ({type(exc).__name__}: {first_line}); try again shortly")
 
     @contextlib.contextmanager
-    def _connection(self) -> Any:
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         try:
-            with self._pool.connection() as connection:
+            with self._connection_of.use() as connection:
                 yield connection
-        except (psycopg.OperationalError, psycopg.errors.QueryCanceled, PoolTimeout) as exc:
+        except psycopg.Error as exc:  # unreachable, timed out, or a write that failed: nothing changed
             raise self._unavailable(exc) from None
 
     def setup(self, import_file: Path | None = None) -> None:
@@ -209,7 +251,8 @@ class SharedAuthenticator(Authenticator):
         self._unknown: set[str] = set()
         self._down = False
         self._task: asyncio.Task[None] | None = None
-        # The base class reads the keys file; here there is none to follow.
+        # The base class follows a keys file; here `refresh` is off and `_read` takes the
+        # settings' keys alone (the shared ones are followed by `sync`), so no path is read.
         super().__init__(settings, Path("/nonexistent/keys.yaml"), enabled=enabled)
         self.key_store = store
 
@@ -289,14 +332,19 @@ class SharedAuthenticator(Authenticator):
         digest = hash_key(self._presented(authorization, api_key))
         record = self._by_hash.get(digest) or self._shared.get(digest)
         if record is None and digest not in self._unknown:
+            unavailable = ServingError(
+                503, f"{self.store.where} cannot be reached, so this key cannot be checked now; try again shortly",
+                retry_after_s=self._reload_s,
+            )
+            if self._down:
+                # The follower probes the store every reload_s; until it answers, do not
+                # make each unknown key wait for a connection that will not come.
+                raise unavailable
             try:
                 record = await asyncio.to_thread(self.store.find, digest)
             except ServingError as exc:
                 self._outage(exc)
-                raise ServingError(
-                    503, f"{self.store.where} cannot be reached, so this key cannot be checked now; try again shortly",
-                    retry_after_s=self._reload_s,
-                ) from None
+                raise unavailable from None
             self._recovered()
             if record is not None and record.tenant in self._tenants:
                 self._shared[digest] = record

@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
 from gateway.promotions import PromotionsFile, PromotionsFileError, PromotionStore, PromotionStoreError, promotions_path
+from serving.shared.keys import SharedConnection
 
 if TYPE_CHECKING:
     from serving.settings import Settings
@@ -61,8 +60,9 @@ _SCHEMA_LOCK = 0x5357_5052  # pg_advisory_xact_lock id: replicas starting togeth
 class PostgresPromotionStore(PromotionStore):
     """The promotions document in PostgreSQL; see the module docstring.
 
-    Synchronous, like the file store (the server calls it on worker threads). A database
-    that cannot be reached is a `PromotionStoreError` (nothing changed).
+    Synchronous, like the file store (the server calls it on worker threads), on one
+    connection of its own (`serving.shared.keys.SharedConnection`). A database that cannot
+    be reached is a `PromotionStoreError` (nothing changed).
     """
 
     def __init__(self, dsn: str, *, timeout_s: float = 5.0, import_file: Path | None = None) -> None:
@@ -73,26 +73,16 @@ class PostgresPromotionStore(PromotionStore):
         """
         super().__init__(import_file or Path("promotions.json"))
         self._import_file = import_file
-        self._timeout_s = timeout_s
         self._local = threading.local()
-        self._pool = ConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=3,
-            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, round(timeout_s))},
-            configure=lambda connection: connection.execute(f"SET statement_timeout = {round(timeout_s * 1000)}"),
-            timeout=timeout_s,
-            reconnect_timeout=0,  # never give up: the database may come back
-            open=False,
-            name="switchyard-promotions",
-        )
+        self._connection_of = SharedConnection(dsn, timeout_s=timeout_s)
 
     @property
     def location(self) -> str:
         return f"the shared promotions (PostgreSQL table {PROMOTIONS_TABLE})"
 
     def _unavailable(self, exc: Exception) -> PromotionStoreError:
-        return PromotionStoreError(f"{self.location} cannot be reached ({type(exc).__name__}: {exc}); nothing changed")
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return PromotionStoreError(f"{self.location} cannot be reached ({type(exc).__name__}: {first_line}); nothing changed")
 
     def open(self) -> PostgresPromotionStore:
         """Connect, create the table, import the promotions file once.
@@ -102,26 +92,21 @@ class PostgresPromotionStore(PromotionStore):
             PromotionsFileError: the file to import is invalid.
         """
         try:
-            self._pool.open(wait=True, timeout=max(5.0, self._timeout_s))
-        except PoolTimeout as exc:
-            self._pool.close()
-            raise self._unavailable(exc) from None
-        try:
             self._setup()
         except BaseException:
-            self._pool.close()
+            self.close()
             raise
         return self
 
     def close(self) -> None:
-        self._pool.close()
+        self._connection_of.close()
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[Any]:
         try:
-            with self._pool.connection() as connection:
+            with self._connection_of.use() as connection:
                 yield connection
-        except (psycopg.OperationalError, psycopg.errors.QueryCanceled, PoolTimeout) as exc:
+        except psycopg.Error as exc:  # unreachable, timed out, or a write that failed: nothing changed
             raise self._unavailable(exc) from None
 
     def _setup(self) -> None:
@@ -182,16 +167,12 @@ class PostgresPromotionStore(PromotionStore):
         """One transaction for a read-modify-write: `load` locks the row in it, `_write`
         updates it; any exception rolls it back (nothing changed)."""
         self._local.written = None
-        with self._connection() as connection:
+        with self._connection() as connection, connection.transaction():
+            self._local.connection = connection
             try:
-                with connection.transaction():
-                    self._local.connection = connection
-                    try:
-                        yield
-                    finally:
-                        self._local.connection = None
-            except psycopg.Error as exc:
-                raise self._unavailable(exc) from None
+                yield
+            finally:
+                self._local.connection = None
 
     def _write(self, content: PromotionsFile) -> None:
         connection = self._local.connection

@@ -11,6 +11,7 @@ backends ``a`` and ``b``); the apps run in this process over the real PostgreSQL
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -167,7 +168,8 @@ def test_promotions_file_is_imported_once(postgres_dsn: str, tmp_path: Path) -> 
 
 
 async def test_database_down_keeps_the_registry(
-    tmp_path: Path, postgres_dsn: str, backends: dict[str, ScriptedBackend], fake_backend_url: str
+    tmp_path: Path, postgres_dsn: str, backends: dict[str, ScriptedBackend], fake_backend_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The database unreachable: the served registry stays, chats still work, a reload or
     a rollback answers 503 naming the shared promotions; back: changes arrive again."""
@@ -175,6 +177,7 @@ async def test_database_down_keeps_the_registry(
     admin = admin_key(config_a)
     async with running(config_a) as (_, a):
         assert await _backend_of_chat(a, admin) == "a"
+        caplog.clear()
         _cut_off(postgres_dsn, allow=False)
         try:
             reload = await a.post("/admin/models/reload", headers={"x-api-key": admin})
@@ -183,6 +186,9 @@ async def test_database_down_keeps_the_registry(
             assert rollback.status_code == 503, rollback.text
             assert await _backend_of_chat(a, admin) == "a"
             assert await _served(a, admin) == ([("a", 100)], False)
+            await asyncio.sleep(RELOAD_S * 4)  # the reloader's polls fail: logged once
+            polls = [r for r in caplog.records if r.name == "serving.models_admin" and r.levelname == "ERROR"]
+            assert len(polls) == 1 and "shared promotions" in polls[0].getMessage()
         finally:
             _cut_off(postgres_dsn, allow=True)
         store = PostgresPromotionStore(postgres_dsn).open()
