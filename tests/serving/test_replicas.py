@@ -239,6 +239,14 @@ def test_a_replica_stopped_cleanly_ends_its_runs_and_leaves(
     with httpx.Client(base_url=a_rep.url, headers=headers, timeout=30) as a, httpx.Client(
         base_url=b_rep.url, headers=headers, timeout=30
     ) as b:
+        # POST /runs/cancel through B reaches a run on A by its id.
+        other = a.post("/threads", json={}).json()["thread_id"]
+        cancelled = a.post(f"/threads/{other}/runs", json=_body(1500)).json()["run_id"]
+        missing = b.post("/runs/cancel", json={"run_ids": [cancelled, "no-such-run"]})
+        assert missing.status_code == 404 and "no-such-run" in missing.text
+        assert b.post("/runs/cancel", json={"run_ids": [cancelled]}).status_code == 204
+        _wait_for(lambda: a.get(f"/threads/{other}/runs/{cancelled}").json()["status"] == "interrupted", what="cancel")
+
         thread = a.post("/threads", json={}).json()["thread_id"]
         run_id = a.post(f"/threads/{thread}/runs", json=_body(1500)).json()["run_id"]
         _wait_for(lambda: b.get(f"/threads/{thread}").json()["status"] == "busy", what="the run on A")
