@@ -622,8 +622,15 @@ class KeysOut(BaseModel):
     """Where keys made at run time live (the keys file, or the shared database)."""
 
 
+class DetailOut(BaseModel):
+    """An error: ``{"detail": message}`` (the message names what was wrong)."""
+
+    detail: str
+
+
 _KEY_ERRORS: dict[int | str, dict[str, Any]] = {
-    503: {"description": "The key store cannot be reached or written (nothing changed)"},
+    422: {"model": DetailOut, "description": "An invalid body (names the field)"},
+    503: {"model": DetailOut, "description": "The key store cannot be reached or written (nothing changed)"},
     **_AUTH_ERRORS,
 }
 
@@ -632,7 +639,7 @@ _KEY_ERRORS: dict[int | str, dict[str, Any]] = {
     "/keys",
     status_code=201,
     response_model=KeyCreatedOut,
-    responses={400: {"description": "Unknown tenant (the configured ones are named)"}, **_KEY_ERRORS},
+    responses={400: {"model": DetailOut, "description": "Unknown tenant (the configured ones are named)"}, **_KEY_ERRORS},
 )
 async def create_api_key(body: KeyCreateRequest, request: Request, principal: PrincipalDep) -> KeyCreatedOut:
     """Create a key for ``tenant``; the answer is the only time the key is shown. Every
@@ -664,8 +671,8 @@ async def list_api_keys(request: Request, principal: PrincipalDep) -> KeysOut:
     "/keys/{key_id}",
     response_model=KeyOut,
     responses={
-        404: {"description": "No such key"},
-        409: {"description": "The key is in the settings (auth.keys): remove it there"},
+        404: {"model": DetailOut, "description": "No such key"},
+        409: {"model": DetailOut, "description": "The key is in the settings (auth.keys): remove it there"},
         **_KEY_ERRORS,
     },
 )
