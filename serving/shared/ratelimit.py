@@ -34,6 +34,7 @@ from redis.exceptions import NoScriptError, RedisError
 from serving.auth import Principal
 from serving.limits import RateLimiter, rate_limited
 from serving.observability import ServingMetrics
+from serving.settings import ConfigError
 
 __all__ = ["KEY_PREFIX", "RedisRateLimiter", "open_rate_limiter"]
 
@@ -163,9 +164,16 @@ class RedisRateLimiter:
 
 def open_rate_limiter(redis_url: str | None, metrics: ServingMetrics | None = None) -> RateLimiter | RedisRateLimiter:
     """The app's limiter: shared through Redis when ``state.redis_url`` is set (connected
-    at the first check), else this replica's own buckets."""
+    at the first check), else this replica's own buckets.
+
+    Raises:
+        ConfigError: ``state.redis_url`` is not a Redis URL.
+    """
     if redis_url is None:
         return RateLimiter()
-    limiter = RedisRateLimiter(redis_url, metrics=metrics)
+    try:
+        limiter = RedisRateLimiter(redis_url, metrics=metrics)
+    except ValueError as exc:
+        raise ConfigError("state", [f"state.redis_url: {exc}"]) from None
     log.info("rate-limit buckets shared through %s", limiter.safe_url())
     return limiter

@@ -17,7 +17,8 @@ import redis
 from serving.auth import Principal, TenantLimits, TenantSettings
 from serving.errors import ServingError
 from serving.observability import ServingMetrics
-from serving.shared.ratelimit import KEY_PREFIX, RedisRateLimiter
+from serving.settings import ConfigError
+from serving.shared.ratelimit import KEY_PREFIX, RedisRateLimiter, open_rate_limiter
 from tests.redis import RedisServer
 from tests.serving.test_shared_keys import admin_key, cli, running, shared_config
 
@@ -158,3 +159,9 @@ async def test_apps_share_the_burst_and_survive_redis_loss(
             assert back == [200] * BURST + [429] * BURST
     finally:
         server.close()
+
+
+def test_a_bad_redis_url_is_a_config_error() -> None:
+    """``state.redis_url`` that is not a Redis URL stops the start, naming the setting."""
+    with pytest.raises(ConfigError, match=r"state\.redis_url: .*redis://"):
+        open_rate_limiter("http://127.0.0.1:6379")
