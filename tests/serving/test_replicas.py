@@ -264,3 +264,29 @@ def test_a_replica_stopped_cleanly_ends_its_runs_and_leaves(
         assert "switchyard_replica_runs_reaped_total 0.0" in b.get("/metrics").text
         # Cancelling the tenant's runs by status through B finds none active.
         assert b.post("/runs/cancel", json={"status": "running"}).status_code == 204
+
+
+def test_enqueued_runs_from_both_replicas_take_turns_on_one_thread(pair: tuple[Replica, Replica, dict[str, str]]) -> None:
+    """Four runs on one thread at once, two through each replica, ``enqueue``: each
+    waits for the one before (locally, or across replicas through the board); all
+    answer, one after the other, and the thread keeps every turn."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    a_rep, b_rep, headers = pair
+    thread = httpx.post(a_rep.url + "/threads", json={}, headers=headers).json()["thread_id"]
+
+    def turn(index: int) -> httpx.Response:
+        url = (a_rep if index % 2 == 0 else b_rep).url
+        body = {**_body(30, multitask_strategy="enqueue"), "input": {"messages": [{"role": "user", "content": f"t{index}"}]}}
+        return httpx.post(f"{url}/threads/{thread}/runs/wait", json=body, headers=headers, timeout=60)
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(turn, range(4)))
+    assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+    state = httpx.get(f"{b_rep.url}/threads/{thread}/state", headers=headers).json()
+    humans = sorted(m["content"] for m in state["values"]["messages"] if m["type"] == "human")
+    assert humans == ["t0", "t1", "t2", "t3"]
+    # One run at a time: each question answered before the next one came in.
+    assert [m["type"] for m in state["values"]["messages"]] == ["human", "ai"] * 4
+    runs = httpx.get(f"{a_rep.url}/threads/{thread}/runs", headers=headers).json()
+    assert len(runs) == 4 and all(r["status"] == "success" for r in runs)
