@@ -184,6 +184,22 @@ async def test_cli_revoke_is_refused_within_reload_s(tmp_path: Path, postgres_ds
         assert took <= RELOAD_S + MARGIN_S
 
 
+async def test_settings_keys_keep_working(tmp_path: Path, postgres_dsn: str, fake_backend_url: str) -> None:
+    """Keys in ``auth.keys`` work beside the shared ones, are listed as such, and cannot
+    be revoked at run time (409 naming where they are)."""
+    settings_key = "sy-from-the-settings"
+    auth = {"tenants": TENANTS, "keys": [{"id": "cfg1", "tenant": "ops", "sha256": hash_key(settings_key)}]}
+    config = shared_config(tmp_path, "A", postgres_dsn, fake_backend_url, auth=auth)
+    async with running(config) as (_, client):
+        headers = {"x-api-key": settings_key}
+        assert await models(client, settings_key) == 200
+        listing = (await client.get("/admin/keys", headers=headers)).json()["keys"]
+        assert {"id": "cfg1", "tenant": "ops", "created_at": "", "source": "settings"} in listing
+        refused = await client.delete("/admin/keys/cfg1", headers=headers)
+        assert refused.status_code == 409 and "auth.keys" in refused.json()["detail"]
+        assert await models(client, settings_key) == 200
+
+
 def _database(dsn: str) -> tuple[str, str]:
     base, name = dsn.rsplit("/", 1)
     return base + "/postgres", name
