@@ -182,6 +182,13 @@ async def test_cli_revoke_is_refused_within_reload_s(tmp_path: Path, postgres_ds
         assert cli(config, "revoke", key_id).returncode == 0
         took = await within(RELOAD_S + MARGIN_S, lambda: models(client, key), 401)
         assert took <= RELOAD_S + MARGIN_S
+    # The app closed every connection it opened (key store, promotions, threads, runs).
+    with psycopg.connect(postgres_dsn) as connection:
+        others = connection.execute(
+            "SELECT application_name, state, query FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    assert others == []
 
 
 async def test_settings_keys_keep_working(tmp_path: Path, postgres_dsn: str, fake_backend_url: str) -> None:
