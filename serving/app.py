@@ -24,9 +24,10 @@ from gateway.vllm_metrics import LoadScraper, load_score
 from serving.errors import UnexpectedErrors, install_error_handlers
 from serving.observability import RequestIdMiddleware, ServingMetrics
 from serving.audit import AuditLog, load_key
-from serving.auth import Authenticator
 from serving.guardrails import Guardrails
-from serving.limits import BodySizeLimit, RateLimiter, RunSlots
+from serving.limits import BodySizeLimit, RunSlots
+from serving.shared.keys import open_authenticator
+from serving.shared.ratelimit import open_rate_limiter
 from serving.deps import require_key
 from serving.langgraph_api.router import open_router as langgraph_open_router
 from serving.langgraph_api.assistants import router as langgraph_assistants_router
@@ -34,7 +35,7 @@ from serving.langgraph_api.router import router as langgraph_router
 from serving.langgraph_api.service import LangGraphService
 from serving.langgraph_api.store import StoreService
 from serving.langgraph_api.store import router as store_router
-from serving.models_admin import ModelsReloader
+from serving.models_admin import open_models_reloader
 from serving.routing import RoutingConfigError, SemanticRouter, packaged_embedder
 from serving.models_admin import router as models_admin_router
 from serving.knowledge_api.router import router as knowledge_router
@@ -42,6 +43,7 @@ from serving.openai.router import router as openai_router
 from serving.openai.service import ChatCompletionService
 from serving.persistence import open_thread_stores
 from serving.runs import RunChecks, RunHook, RunHost, RunRegistry
+from serving.shared.runs import RunBoard
 from serving.platform import Platform
 from serving.settings import ConfigError, ServerSettings, Settings
 from serving.tracing import Tracing, TracingMiddleware, open_tracing
@@ -177,7 +179,7 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         metrics = ServingMetrics()
         app.state.platform = built
         app.state.metrics = metrics
-        app.state.rate_limiter = RateLimiter()
+        app.state.rate_limiter = open_rate_limiter(settings.state.redis_url, metrics)
         key = load_key(settings.audit.key_file, data_dir=settings.data_dir) if settings.audit.key_file else None
         audit = app.state.audit = AuditLog(
             settings.audit_path,
@@ -188,12 +190,18 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         slots = RunSlots(server_max=settings.server.max_concurrent_runs)
         guardrails = Guardrails(settings.guardrails)
         checks = RunChecks(built.gateway, built.graphs, guardrails)
-        app.state.authenticator = Authenticator(settings.auth, settings.keys_file, enabled=not settings.server.dev)
+        app.state.authenticator = await open_authenticator(settings, enabled=not settings.server.dev)
         stores = await open_thread_stores(settings.threads, settings.data_dir)
         app.state.thread_stores = stores
         app.state.store_service = StoreService(stores.store)
         server = settings.server
-        runs = RunRegistry(replay_bytes=server.replay_max_bytes, finished_replay_bytes=server.replay_total_bytes)
+        # Replicas: run records shared through PostgreSQL (serving/shared/runs.py).
+        board = await RunBoard.open(
+            settings.shared_dsn, settings.state, replay_bytes=server.replay_max_bytes, metrics=metrics
+        ) if settings.shared_dsn else None
+        runs = RunRegistry(
+            replay_bytes=server.replay_max_bytes, finished_replay_bytes=server.replay_total_bytes, board=board
+        )
         host = app.state.run_host = RunHost(
             threads=stores.threads, slots=slots, metrics=metrics, audit=audit, guardrails=guardrails, tracing=tracing,
             runs=runs, hook=run_hook,
@@ -206,7 +214,9 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
             built.graphs.with_checkpointer(stores.checkpointer), stores.threads, stores.checkpointer, host, checks,
             max_history_bytes=server.history_max_bytes, store=stores.store,
         )
-        reloader = app.state.models_reloader = ModelsReloader(built)
+        if board is not None:
+            await board.start(runs, on_reaped=app.state.langgraph_service.reaped_thread)
+        reloader = app.state.models_reloader = await open_models_reloader(built)
         gateway = built.gateway
         scrape = gateway.registry.scrape
         # vLLM backends' /metrics: load for `balance: least_loaded`, and our own metrics.
@@ -228,11 +238,15 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
             yield
         finally:
             await reloader.aclose()
+            await app.state.authenticator.aclose()
+            await app.state.rate_limiter.aclose()
             await scraper.aclose()
             if semantic_router is not None:
                 await semantic_router.aclose()
                 await semantic_router.embedder.aclose()
             await app.state.langgraph_service.aclose()  # background runs end before their stores close
+            if board is not None:
+                await board.aclose()  # their ends written, this replica's row removed
             audit.close()
             await stores.aclose()
             await built.aclose()
