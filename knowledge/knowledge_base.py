@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from knowledge.chunking import Chunker
 from knowledge.embeddings.base import Embedder
@@ -31,9 +31,38 @@ from knowledge.vectorstore.qdrant import QdrantStore
 if TYPE_CHECKING:
     from gateway import ModelGateway
 
-__all__ = ["KnowledgeBase", "build_embedder", "legacy_collections", "legacy_store_path", "open_knowledge", "open_vector_store"]
+__all__ = [
+    "KnowledgeBase",
+    "RetrievalSource",
+    "SearchObserver",
+    "build_embedder",
+    "legacy_collections",
+    "legacy_store_path",
+    "open_knowledge",
+    "open_vector_store",
+    "report_search",
+]
 
 log = logging.getLogger(__name__)
+
+RetrievalSource = Literal["vectors", "graph"]
+"""Where a search looked: the knowledge base's chunks (`KnowledgeBase.search`, any
+mode) or the knowledge graph's facts (`KnowledgeGraph.retrieve`)."""
+
+SearchObserver = Callable[[str, RetrievalSource, int], None]
+"""Told of each completed search: (collection, source, number of results). Called
+synchronously on the search's path, so it must be quick (a metric, not I/O)."""
+
+
+def report_search(observer: SearchObserver | None, collection: str, source: RetrievalSource, hits: int) -> None:
+    """Tell ``observer`` (if any) of a completed search. An observer that raises is
+    logged and ignored: counting a search must never fail it."""
+    if observer is None:
+        return
+    try:
+        observer(collection, source, hits)
+    except Exception:
+        log.exception("the search observer failed on a %s search of %r; the search's results are returned", source, collection)
 
 
 class KnowledgeBase:
@@ -63,6 +92,9 @@ class KnowledgeBase:
         """Called with (collection, doc_id) after a document was replaced or deleted,
         inside the collection's write lock: the knowledge graph removes the facts
         that only the old version supported (`KnowledgeGraph.delete_document`)."""
+        self.on_search: SearchObserver | None = None
+        """Told of every completed `search`, with its number of hits (source
+        ``vectors``): the server counts hits per search and empty searches."""
 
     @contextlib.asynccontextmanager
     async def _lock(self, collection: str) -> AsyncIterator[None]:
@@ -139,7 +171,7 @@ class KnowledgeBase:
         # The dense vector also scores every hit's relevance, whatever the mode.
         dense = await self.embedder.embed_query(query)
         sparse = self.sparse.query(query) if mode != "dense" else None
-        return await self.store.search(
+        hits = await self.store.search(
             collection,
             dense=dense,
             sparse=sparse,
@@ -148,6 +180,8 @@ class KnowledgeBase:
             candidates=max(retrieval.candidates, k or retrieval.k),
             where=where,
         )
+        report_search(self.on_search, collection, "vectors", len(hits))
+        return hits
 
     async def delete(self, collection: str, doc_id: str, *, tenant: str | None = None) -> bool:
         """Remove a document and its chunks, as ``tenant`` (None: the operator); False

@@ -54,7 +54,7 @@ from knowledge.extraction.extractor import ChunkExtraction, Extractor
 from knowledge.extraction.validate import INVALID_REASONS, DocumentGraphBuilder, EntityItem, Problem, resolve_ends
 from knowledge.graphstore.ladybug import LadybugStore
 from knowledge.graphstore.base import DocumentGraph, Entity, Fact, GraphStats, GraphStore, Relation
-from knowledge.knowledge_base import KnowledgeBase
+from knowledge.knowledge_base import KnowledgeBase, SearchObserver, report_search
 from knowledge.models import Document
 from knowledge.ontology import Ontology
 from knowledge.retrieval.graph import (
@@ -281,6 +281,10 @@ class KnowledgeGraph:
         self.settings = settings
         self.gateway = gateway
         self.retriever = GraphRetriever(store, knowledge, settings.retrieval)
+        self.on_search: SearchObserver | None = None
+        """Told of every completed `retrieve`, with its number of facts (source
+        ``graph``): the server counts facts per retrieval and retrievals that found
+        none (no entity linked, or nothing around it)."""
         self._writing: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._calls: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
@@ -753,7 +757,9 @@ class KnowledgeGraph:
         max_facts = _bounded(retrieval.max_facts if max_facts is None else max_facts, "max_facts", 1, MAX_FACTS)
         hops = _bounded(retrieval.hops if hops is None else hops, "hops", 1, MAX_HOPS)
         await self._require_graph(collection)
-        return await self.retriever.retrieve(collection, question, max_facts=max_facts, hops=hops, fanout=retrieval.fanout)
+        found = await self.retriever.retrieve(collection, question, max_facts=max_facts, hops=hops, fanout=retrieval.fanout)
+        report_search(self.on_search, collection, "graph", len(found.facts))
+        return found
 
     async def stats(self, collection: str) -> GraphStats:
         """Counts per type.
