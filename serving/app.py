@@ -179,6 +179,12 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         metrics = ServingMetrics()
         app.state.platform = built
         app.state.metrics = metrics
+        # Hits per knowledge search (the rag and graphrag graphs, the search tool, the
+        # collections API), told by the knowledge layer's hooks (it cannot import us).
+        if built.knowledge is not None:
+            built.knowledge.on_search = metrics.observe_retrieval
+        if built.graph is not None:
+            built.graph.on_search = metrics.observe_retrieval
         app.state.rate_limiter = open_rate_limiter(settings.state.redis_url, metrics)
         key = load_key(settings.audit.key_file, data_dir=settings.data_dir) if settings.audit.key_file else None
         audit = app.state.audit = AuditLog(

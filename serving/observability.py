@@ -236,8 +236,9 @@ class ServingMetrics:
         )
         self.time_to_first_token = Histogram(
             "switchyard_time_to_first_token_seconds",
-            "From request to the first answer event, by kind and the backend that produced it.",
-            ["kind", "backend"],
+            "From request to the first answer event, by kind, target (the graph id or alias the run served) and "
+            "the backend that produced it.",
+            ["kind", "target", "backend"],
             buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
@@ -260,6 +261,18 @@ class ServingMetrics:
             "switchyard_tool_calls", "Tool-call attempts by tool and decision (executed, refused, timed_out, failed).",
             ["tool", "decision"], registry=self.registry,
         )
+        self.retrieval_hits = Histogram(
+            "switchyard_retrieval_hits",
+            "Results per knowledge search, by source (vectors: chunks of the knowledge base, any mode; graph: "
+            "facts of the knowledge graph's retrieval). The le=\"0.0\" bucket counts searches that found nothing.",
+            ["source"],
+            buckets=(0, 1, 2, 3, 5, 8, 10, 15, 20, 30, 50),
+            registry=self.registry,
+        )
+        for source in ("vectors", "graph"):
+            # Exported (at zero) before the first search: the empty-search share reads
+            # 0/0, not "no data", and the dashboard's series exist from the start.
+            self.retrieval_hits.labels(source)
         self.output_checks = Counter(
             "switchyard_output_checks", "Answers changed by the output check, by kind and action (redacted, blocked).",
             ["kind", "action"], registry=self.registry,
@@ -284,6 +297,12 @@ class ServingMetrics:
             "Sequence number of the audit log's last record (its hash is in the server log).",
             registry=self.registry,
         )
+
+    def observe_retrieval(self, collection: str, source: str, hits: int) -> None:
+        """A `knowledge.SearchObserver`: one search's number of results. The collection
+        is not a label: tenants name collections (an upload creates one), so its values
+        are not bounded."""
+        self.retrieval_hits.labels(source).observe(hits)
 
     def watch_gateway(
         self, gateway: Any, reloads: Callable[[], Mapping[str, int]] | None = None, scraper: Any = None

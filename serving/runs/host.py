@@ -178,7 +178,11 @@ class ActiveRun:
         if not self.first_at:
             self.first_at = time.perf_counter()
             backend = self.routing.backend or "none"
-            self._host.metrics.time_to_first_token.labels(self.metric_kind, backend).observe(self.first_at - self.started)
+            # The target is a configured graph id or alias (unknown models are
+            # refused before a run opens; `model: auto` runs as the graph it chose).
+            self._host.metrics.time_to_first_token.labels(self.metric_kind, self.plan.target, backend).observe(
+                self.first_at - self.started
+            )
 
     def fail(self, error: BaseException) -> None:
         """The run failed; the service reports it in-band (the block exits normally)."""
