@@ -31,7 +31,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving.store import StoreBackend, open_postgres_store, open_sqlite_store
+from serving.store import StoreBackend, open_postgres_store, open_sqlite_store, postgres_setup_lock
 from serving.threads import PostgresThreadStore, PostgresWorkers, SqliteThreadStore, SqliteWriter, ThreadStore
 
 __all__ = ["ThreadSettings", "ThreadStores", "open_thread_stores"]
@@ -333,7 +333,9 @@ async def _open_postgres(settings: ThreadSettings) -> ThreadStores:
     def open_pool() -> Any:
         # Tables and migrations first, on a connection of their own: a migration may
         # take longer than the statement timeout the pool sets.
-        with Connection.connect(dsn, **kwargs) as connection:
+        # Under the setup lock: replicas starting together on a fresh database must
+        # not run the same migrations at once (`serving.store.postgres_setup_lock`).
+        with Connection.connect(dsn, **kwargs) as connection, postgres_setup_lock(connection):
             PostgresSaver(connection).setup()  # type: ignore[arg-type]
         pool = ConnectionPool(
             dsn,

@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -71,12 +72,14 @@ from serving.threads import PostgresWorkers, SqliteWriter
 GraphT = TypeVar("GraphT", bound=Pregel[Any, Any, Any, Any])
 
 __all__ = [
+    "POSTGRES_SETUP_LOCK",
     "SWEEP_INTERVAL_S",
     "StoreBackend",
     "TenantStore",
     "tenant_graph",
     "open_postgres_store",
     "open_sqlite_store",
+    "postgres_setup_lock",
     "tenant_label",
 ]
 
@@ -228,13 +231,57 @@ async def open_postgres_store(workers: PostgresWorkers, dsn: str) -> StoreBacken
     from psycopg.rows import dict_row  # noqa: PLC0415
 
     def setup() -> None:
-        with Connection.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row) as connection:
+        with (
+            Connection.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row) as connection,
+            postgres_setup_lock(connection),
+        ):
             PostgresStore(connection).setup()  # type: ignore[arg-type]
 
     await asyncio.to_thread(setup)
     store = _postgres_class()(workers)  # type: ignore[call-arg]
     store.start()  # type: ignore[attr-defined]
     return store
+
+
+POSTGRES_SETUP_LOCK = 0x5357_5345_5455_50
+"""``pg_advisory_lock`` key held while the store's and the checkpointer's tables are
+created or migrated."""
+
+
+@contextmanager
+def postgres_setup_lock(connection: Any, timeout_s: float = 300.0) -> Iterator[None]:
+    """Hold the session advisory lock `POSTGRES_SETUP_LOCK` on ``connection`` (in
+    autocommit mode) while the body runs.
+
+    The library's ``setup()`` reads its migrations table, then inserts the versions it
+    ran, in separate transactions: two replicas starting together on a fresh database
+    both ran migration 0 and one failed on the migrations table's primary key. Under
+    the lock the second waits, then finds every migration done. A session lock (not a
+    transaction's) because ``setup()`` commits several transactions; it goes with the
+    connection if the process dies.
+
+    Taken by polling ``pg_try_advisory_lock``, not by a blocking ``pg_advisory_lock``:
+    the checkpointer's migrations include ``CREATE INDEX CONCURRENTLY``, which waits for
+    every open transaction to end, a waiter's blocked ``SELECT pg_advisory_lock`` too,
+    while that waiter waits for the lock: PostgreSQL reported a deadlock.
+
+    Raises:
+        TimeoutError: the lock was not free within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not _got_lock(connection.execute("SELECT pg_try_advisory_lock(%s) AS got", (POSTGRES_SETUP_LOCK,)).fetchone()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"another process held the database set-up lock for more than {timeout_s:g}s")
+        time.sleep(0.1)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):  # a broken connection has released it already
+            connection.execute("SELECT pg_advisory_unlock(%s)", (POSTGRES_SETUP_LOCK,))
+
+
+def _got_lock(row: Any) -> bool:
+    return bool(row["got"] if isinstance(row, dict) else row[0])
 
 
 def tenant_label(tenant: str) -> str:

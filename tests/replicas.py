@@ -112,8 +112,7 @@ def start_replicas(
     env: dict[str, str] | None = None,
     state: dict[str, Any] | None = None,
 ) -> list[Replica]:
-    """Start ``count`` replicas and wait until each answers ``/readyz`` (the first
-    alone, then the others together).
+    """Start ``count`` replicas together and wait until each answers ``/readyz``.
 
     Args:
         tmp: a directory for the config, the data directories and the outputs.
@@ -144,11 +143,6 @@ def start_replicas(
     replicas: list[Replica] = []
     try:
         for number in range(count):
-            if number == 1:
-                # The first replica creates the databases' tables alone: LangGraph's
-                # store and checkpointer migrations are not safe to run concurrently
-                # (two at once: a duplicate key in store_migrations).
-                _wait_ready(replicas[0])
             name = chr(ord("A") + number)
             data_dir = tmp / f"data-{name}"
             port = free_port()
@@ -168,7 +162,9 @@ def start_replicas(
                 name=name, url=f"http://127.0.0.1:{port}", process=process, log_file=data_dir / "logs" / "switchyard.log",
                 config=config_file, data_dir=data_dir, env=replica_env, output=output,
             ))
-        for replica in replicas[1:]:
+        # All at once, on a fresh database too: set-ups are serialised by the database
+        # (serving.store.postgres_setup_lock, the run board's schema lock).
+        for replica in replicas:
             _wait_ready(replica)
     except BaseException:
         stop_replicas(replicas)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from serving._tasks import RunCancelledError
 from serving.errors import ServingError
 from serving.observability import ServingMetrics
+from serving.persistence import ThreadSettings, ThreadStores, open_thread_stores
 from serving.runs import RunRecord, RunRegistry
 from serving.shared.runs import RunBoard, RunConflictError
 from serving.shared.settings import StateSettings
@@ -230,3 +232,22 @@ async def test_the_listener_reconnects_after_its_connection_is_killed(boards: Op
             break
         await asyncio.sleep(0.05)
     assert str(run.guard.error) == "after the reconnect"
+
+
+async def test_replicas_setting_up_a_fresh_database_at_once_both_succeed(postgres_dsn: str, tmp_path: Path) -> None:
+    """The checkpointer's and the store's migrations run under one advisory lock: four
+    replicas opening their thread stores together on a fresh database all start (they
+    failed on ``store_migrations``' primary key: exit 3)."""
+    settings = ThreadSettings(postgres_dsn=postgres_dsn, pool_size=2)
+    dirs = [tmp_path / f"r{n}" for n in range(4)]
+    for path in dirs:
+        path.mkdir()
+    opened = await asyncio.gather(*(open_thread_stores(settings, path) for path in dirs), return_exceptions=True)
+    try:
+        assert [str(o) for o in opened if isinstance(o, BaseException)] == []
+        versions = await _rows(postgres_dsn, "SELECT v, count(*) FROM store_migrations GROUP BY v HAVING count(*) > 1")
+        assert versions == []
+    finally:
+        for stores in opened:
+            if isinstance(stores, ThreadStores):
+                await stores.aclose()
