@@ -29,6 +29,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import start_server, stop_server, write_models_file
+from tests.promql import sample
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy/grafana/dashboards/switchyard.json"
@@ -36,6 +37,7 @@ DATASOURCES = REPO / "deploy/grafana/provisioning/datasources/prometheus.yaml"
 PROVIDERS = REPO / "deploy/grafana/provisioning/dashboards/switchyard.yaml"
 ALERTS = REPO / "deploy/prometheus/alerts.yml"
 OPERATIONS = REPO / "docs/operations.md"
+ONTOLOGY = REPO / "config/ontologies/city-services.yaml"
 VLLM_DATA = REPO / "tests/gateway/data"
 
 VLLM_V1 = "0.10 (V1 engine, vllm/v1/metrics/loggers.py)"
@@ -62,7 +64,7 @@ TARGET_LABELS = frozenset({"job", "instance"})
 """Labels Prometheus adds to every scraped series."""
 
 REQUIRED_PANELS = (
-    "Time to first token p50 / p95 / p99 by kind and backend",
+    "Time to first token p50 / p95 / p99 by graph and backend",
     "Run latency p50 / p95 / p99 by route",
     "Request latency p95 by route and status",
     "Output tokens/s by graph",
@@ -70,7 +72,8 @@ REQUIRED_PANELS = (
     "Runs/s by graph and outcome",
     "In-flight runs by replica",
     "Tool decisions by tool and decision",
-    "Retrieval tool calls by decision",
+    "Retrieval hits per search p50 / p95 by source",
+    "Empty retrievals by source",
     "Circuit breaker state by backend",
     "Breaker transitions by backend and state",
     "Backend errors/s by backend and error",
@@ -95,6 +98,7 @@ REQUIRED_ALERTS = (
     "SwitchyardBreakerOpen",
     "SwitchyardRateLimitStoreErrors",
     "SwitchyardReplicaRunsReaped",
+    "SwitchyardRetrievalEmptyHigh",
 )
 
 GRAFANA_BUILTINS = {
@@ -267,31 +271,35 @@ class ScrapedApp:
     metrics: Exported
     routes: frozenset[str]
     """Every path of its OpenAPI description (``/threads/{thread_id}/runs/stream``)."""
+    text: str
+    """The ``/metrics`` body itself."""
+    targets: frozenset[str]
+    """The graph ids and model aliases it was configured with."""
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -> Iterator[ScrapedApp]:
     """What a real Switchyard's ``/metrics`` exports after an answered stream, an
-    answered graph run, a backend failure, a tool call, a refused oversized body and a
+    answered graph run, a backend failure, a tool call, a refused oversized body, a
     breaker that opened (all through the FAKE scripted backend, so no model is
-    needed), so that the labelled series have samples and show their labels. Its
-    backends are ``kind: vllm``, so the vLLM load families are exported too (without
-    samples: the fake has no ``/metrics``)."""
+    needed), a rag run over an uploaded document, a search that finds nothing and a
+    knowledge-graph search (the real packaged embedder and embedded stores), so that
+    the labelled series have samples and show their labels. Its backends are ``kind:
+    vllm``, so the vLLM load families are exported too (without samples: the fake has
+    no ``/metrics``)."""
     tmp = tmp_path_factory.mktemp("dashboard-server")
     models = write_models_file(tmp / "models.yaml", None, fake_backend_url, chat_default="fake-ok")
     registry = yaml.safe_load(models.read_text(encoding="utf-8"))
     registry["backends"]["fake-tools"] = {**registry["backends"]["fake-ok"], "model": "fake-tools"}
     registry["aliases"]["fake-tools"] = "fake-tools"
     models.write_text(yaml.safe_dump(registry), encoding="utf-8")
+    graphs = {
+        "chat-fake": {"path": "graphs.chat:make_graph", "model": "fake-ok"},
+        "agent-fake": {"path": "graphs.agent:make_graph", "model": "fake-tools", "tools": ["calculator"]},
+        "rag-fake": {"path": "graphs.rag:make_graph", "model": "fake-ok"},
+    }
     handle = start_server(
-        tmp,
-        {
-            "gateway": {"models_file": str(models)},
-            "graphs": {
-                "chat-fake": {"path": "graphs.chat:make_graph", "model": "fake-ok"},
-                "agent-fake": {"path": "graphs.agent:make_graph", "model": "fake-tools", "tools": ["calculator"]},
-            },
-        },
+        tmp, {"gateway": {"models_file": str(models)}, "graphs": graphs, "knowledge": {"default_collection": "docs"}}
     )
     try:
         url = handle.url + "/v1/chat/completions"
@@ -309,13 +317,52 @@ def app(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -> Iter
         assert ask("fake-ok", "x" * 1_100_000) == 413  # over server.max_body_bytes (1 MiB)
         for _ in range(4):  # a closed port: its breaker opens after 3 failures (the default)
             assert ask("down") in (502, 503)
+        _search_knowledge(handle.url + "/v1/collections/docs")
+        # A streamed graph run (time to first token is measured on streams): one vector search.
+        rag = {"model": "rag-fake", "messages": [{"role": "user", "content": "Who issues the Resident Card?"}], "stream": True}
+        with httpx.stream("POST", url, json=rag, timeout=60) as response:
+            assert response.status_code == 200 and list(response.iter_lines())
+        assert ask("no-such-model") == 404
         response = httpx.get(handle.url + "/metrics", timeout=10)
         assert response.status_code == 200
         openapi = httpx.get(handle.url + "/openapi.json", timeout=10)  # served in --dev
         assert openapi.status_code == 200
-        yield ScrapedApp(exported_series(response.text), frozenset(openapi.json()["paths"]))
+        targets = frozenset(graphs) | frozenset(registry["aliases"])
+        yield ScrapedApp(exported_series(response.text), frozenset(openapi.json()["paths"]), response.text, targets)
     finally:
         stop_server(handle)
+
+
+DOCUMENTS = [
+    {"id": "card.md", "text": "# Resident Card\n\nThe Citizen Desk issues the Resident Card.\n", "format": "markdown"},
+    {"id": "housing.md", "text": "# Housing benefit\n\nThe housing benefit requires your Resident Card.\n", "format": "markdown"},
+]
+FACTS = [
+    {"kind": "entity", "type": "Document", "name": "Resident Card", "source": "card.md"},
+    {"kind": "entity", "type": "Office", "name": "Citizen Desk", "source": "card.md"},
+    {"kind": "relation", "type": "ISSUED_BY", "from": "Resident Card", "to": "Citizen Desk", "source": "card.md"},
+    {"kind": "relation", "type": "REQUIRES", "from": "Housing Benefit", "to": "Resident Card", "source": "housing.md"},
+    {"kind": "entity", "type": "Procedure", "name": "Housing Benefit", "source": "housing.md"},
+]
+
+
+def _search_knowledge(collection_url: str) -> None:
+    """Upload two documents and their graph facts through the collections API, then
+    search: one vector search that finds nothing (a tag no chunk has) and one graph
+    search (facts, and chunks beside them)."""
+    upload = httpx.post(collection_url + "/documents", json={"documents": DOCUMENTS}, timeout=60)
+    assert upload.status_code == 200 and upload.json()["added"] == 2, upload.text
+    imported = httpx.post(
+        collection_url + "/graph/import",
+        json={"lines": [json.dumps(f) for f in FACTS], "ontology": ONTOLOGY.read_text(encoding="utf-8")},
+        timeout=60,
+    )
+    assert imported.status_code == 200 and imported.json()["invalid"] == {}, imported.text
+    empty = httpx.post(collection_url + "/search", json={"query": "Resident Card", "filter": {"tags": ["none"]}}, timeout=30)
+    assert empty.status_code == 200 and empty.json()["results"] == [], empty.text
+    both = httpx.post(collection_url + "/search", json={"query": "Who issues the Resident Card?", "graph": True}, timeout=30)
+    assert both.status_code == 200, both.text
+    assert {r["kind"] for r in both.json()["results"]} == {"fact", "chunk"}
 
 
 # --------------------------------------------------------------------------- tests
@@ -461,6 +508,37 @@ def test_the_new_replica_metrics_are_exported(app: ScrapedApp) -> None:
     # Unlabelled counters: exported from the start, before any Redis error or reaped run.
     assert {"switchyard_rate_limit_store_errors_total", "switchyard_replica_runs_reaped_total"} <= app.metrics.names
     assert "switchyard_time_to_first_token_seconds_bucket" in app.metrics.labels  # the runs above did reach it
+
+
+@pytest.mark.e2e
+def test_time_to_first_token_is_split_by_configured_targets_only(app: ScrapedApp) -> None:
+    assert app.metrics.labels["switchyard_time_to_first_token_seconds_bucket"] == {"kind", "target", "backend", "le"}
+    seen = _label_values(app.text, "switchyard_time_to_first_token_seconds_count", "target")
+    # Streamed runs of a graph and of an alias, by the graph id or alias they served;
+    # a refused model name (404) never becomes a label value.
+    assert {"rag-fake", "fake-ok"} <= seen <= app.targets, seen
+
+
+@pytest.mark.e2e
+def test_retrieval_hits_are_counted_by_source(app: ScrapedApp) -> None:
+    assert app.metrics.labels["switchyard_retrieval_hits_bucket"] == {"source", "le"}
+    assert _label_values(app.text, "switchyard_retrieval_hits_count", "source") == {"vectors", "graph"}
+    # Vectors: the empty search, the graph search's chunks, the rag run's search.
+    assert sample(app.text, "switchyard_retrieval_hits_count", source="vectors") == 3
+    assert sample(app.text, "switchyard_retrieval_hits_bucket", source="vectors", le="0.0") == 1
+    # Graph: one retrieval, which found facts.
+    assert sample(app.text, "switchyard_retrieval_hits_count", source="graph") == 1
+    assert sample(app.text, "switchyard_retrieval_hits_bucket", source="graph", le="0.0") == 0
+    assert sample(app.text, "switchyard_retrieval_hits_sum", source="graph") >= 1
+
+
+def _label_values(text: str, name: str, label: str) -> set[str]:
+    return {
+        found.labels[label]
+        for family in text_string_to_metric_families(text)
+        for found in family.samples
+        if found.name == name and label in found.labels
+    }
 
 
 @pytest.mark.e2e
