@@ -43,6 +43,7 @@ from serving.app import cors_refusal_headers, create_app
 from serving.audit import load_key, parse_anchor, verify
 from serving.auth import FileKeyStore, KeyStore
 from serving.shared.keys import open_key_store
+from serving.shared.runs import default_replica_id
 from serving.errors import ServingError
 from serving.eval_runner import backends_of, build_judge, cli_host, open_runner, resolve_model, sla_for
 from serving.http import ConnectionLimits, limited_protocol
@@ -318,6 +319,11 @@ def serve(
             "client that can reach this address may use every graph and model",
         )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if settings.shared_dsn and settings.state.replica_id is None:
+        # Stable across restarts on this data directory (serving.shared.runs: a
+        # restarted server ends its killed predecessor's runs at once).
+        state = settings.state.model_copy(update={"replica_id": default_replica_id(settings.data_dir)})
+        settings = settings.model_copy(update={"state": state})
     (settings.data_dir / "logs").mkdir(exist_ok=True)
     configure_logging(settings.log_level, str(settings.data_dir / "logs" / "switchyard.log"), fmt=settings.log_format)
     if remote_dev:

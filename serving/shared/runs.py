@@ -34,15 +34,32 @@ Guarantees and how they are kept:
   replica stopped), appends an ``error`` frame for followers, sets the thread's status
   as a cancelled run's would be, and counts ``switchyard_replica_runs_reaped_total``.
   ``FOR UPDATE SKIP LOCKED`` makes one sweeper win each run.
-- A replica that starts under the id of one that died ends that one's runs first; one
-  that stops cleanly ends its runs as a single replica does, flushes its writes and
-  removes its replica row.
+- A replica that starts under the id of one that died ends that one's runs first
+  (`RunBoard.start`, before the server takes requests); one that stops cleanly ends its
+  runs as a single replica does, flushes its writes and removes its replica row.
+
+Replica ids. ``state.replica_id`` when set (Kubernetes sets the pod's name); otherwise
+``switchyard serve`` derives ``<hostname>-<hash of the resolved data directory>``
+(`default_replica_id`). A data directory is held by one process at a time (the vector
+and graph stores lock it), so the id is stable across restarts on the same data: a
+server killed (``kill -9``, OOM) and started again ends its predecessor's runs at once
+and their threads take new runs, instead of refusing them (409) until the lease expires.
+
+Two live processes never share an id: a replica holds a session advisory lock on its
+id (``pg_try_advisory_lock`` on a connection of its own) for as long as it runs. A dead
+process's connection is closed by the server, which frees the lock at once; one that is
+still held means another process is using the id, and this one refuses to start with
+`ReplicaIdInUseError` naming ``state.replica_id`` (giving two processes one name is a
+configuration error: each would end the other's runs as its own leftovers). Only the
+lock decides this, not a recent heartbeat: a crashed replica restarted within the lease
+has a recent row and must not be refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import socket
@@ -50,6 +67,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -68,7 +86,15 @@ if TYPE_CHECKING:
     from serving.runs.registry import RunRecord, RunRegistry
     from serving.shared.settings import StateSettings
 
-__all__ = ["ACTIVE", "BoardUnavailableError", "RunBoard", "RunConflictError", "SharedRun", "default_replica_id"]
+__all__ = [
+    "ACTIVE",
+    "BoardUnavailableError",
+    "ReplicaIdInUseError",
+    "RunBoard",
+    "RunConflictError",
+    "SharedRun",
+    "default_replica_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +153,19 @@ _DEAD = """replica_id <> %(me)s AND NOT EXISTS (
     WHERE p.replica_id = switchyard_runs.replica_id AND p.seen_at > now() - make_interval(secs => %(lease)s))"""
 
 
-def default_replica_id() -> str:
-    """``<hostname>-<pid>``: unique per process on a host, and per pod in Kubernetes."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+_ID_LOCK_SPACE = 0x53575249
+"""First key of the two-key ``pg_advisory_lock`` a replica holds on its id (the second
+is ``hashtext(replica_id)``); two-key locks never meet the one-key locks used here."""
+
+
+def default_replica_id(data_dir: Path | None = None) -> str:
+    """``<hostname>-<12 hex digits of the resolved data_dir's SHA-256>``: stable across
+    restarts on the same data directory (which one process holds at a time), distinct
+    for two servers on one host. Without ``data_dir``: ``<hostname>-<pid>``."""
+    if data_dir is None:
+        return f"{socket.gethostname()}-{os.getpid()}"
+    digest = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:12]
+    return f"{socket.gethostname()}-{digest}"
 
 
 def _now() -> str:
@@ -181,6 +217,18 @@ class SharedRun:
 
 class RunConflictError(ServingError):
     """The thread has an active run on the board and the strategy is ``reject``."""
+
+
+class ReplicaIdInUseError(ServingError):
+    """Another live process runs under this replica's id (it holds the id's lock)."""
+
+    def __init__(self, replica_id: str) -> None:
+        super().__init__(
+            409,
+            f"replica id {replica_id!r} is in use by another running process on the shared database: give each "
+            "replica its own state.replica_id (SWITCHYARD_STATE__REPLICA_ID), or leave it unset to derive one from "
+            "the host name and the data directory",
+        )
 
 
 class BoardUnavailableError(ServingError):
@@ -247,6 +295,9 @@ class RunBoard:
         self._writer: asyncio.Task[None] | None = None
         self._dropping = False
         self._closed = False
+        self._id_lock: AsyncConnection[Any] | None = None
+        """The connection holding this replica's id lock (see the module docstring)."""
+        self._id_taken = False
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -279,6 +330,7 @@ class RunBoard:
             open=False,
         )
         await pool.open(wait=True, timeout=10)
+        board: RunBoard | None = None
         try:
             async with pool.connection() as connection, connection.transaction():
                 await connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
@@ -288,11 +340,47 @@ class RunBoard:
                 pool, dsn, replica_id=state.replica_id or default_replica_id(), heartbeat_s=state.heartbeat_s,
                 lease_s=state.lease_s, replay_bytes=replay_bytes, retention_s=retention_s, metrics=metrics,
             )
+            if not await board._hold_id():
+                raise ReplicaIdInUseError(board.replica_id)
             await board._beat()
+            log.info("run board: this replica is %s", board.replica_id)
         except BaseException:
+            if board is not None and board._id_lock is not None:
+                await board._id_lock.close()
             await pool.close()
             raise
         return board
+
+    async def _hold_id(self) -> bool:
+        """Take this replica's id lock on a connection of its own (kept until `aclose`);
+        False if another live process holds it."""
+        connection = await AsyncConnection.connect(self._dsn, autocommit=True)
+        try:
+            row = await (
+                await connection.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_ID_LOCK_SPACE, self.replica_id))
+            ).fetchone()
+        except BaseException:
+            await connection.close()
+            raise
+        if not (row and row[0]):
+            await connection.close()
+            return False
+        self._id_lock = connection
+        return True
+
+    async def _keep_id(self) -> None:
+        """Take the id lock again if its connection was lost (a database restart)."""
+        if self._id_lock is not None and not self._id_lock.closed and not self._id_lock.broken:
+            return
+        if self._id_lock is not None:
+            with contextlib.suppress(Exception):
+                await self._id_lock.close()
+            self._id_lock = None
+        if await self._hold_id():
+            self._id_taken = False
+        elif not self._id_taken:
+            self._id_taken = True  # said once; tried again each beat
+            log.error("run board: lost the id lock and %s", ReplicaIdInUseError(self.replica_id))
 
     async def start(self, registry: RunRegistry, on_reaped: ReapedHook | None = None) -> None:
         """End the runs a process that died left under this replica's id, then begin
@@ -334,6 +422,9 @@ class RunBoard:
                 await connection.execute("DELETE FROM switchyard_replicas WHERE replica_id = %s", (self.replica_id,))
         except Exception as exc:  # boundary: the lease ends it anyway
             log.warning("run board: could not remove replica %s: %r", self.replica_id, exc)
+        if self._id_lock is not None:
+            with contextlib.suppress(Exception):  # closing frees the lock, on the server too
+                await self._id_lock.close()
         await self._pool.close()
 
     @contextlib.asynccontextmanager
@@ -764,6 +855,7 @@ class RunBoard:
         while True:
             await asyncio.sleep(self.heartbeat_s)
             try:
+                await self._keep_id()
                 await self._beat()
                 await self._poll_own()
                 await self.sweep()

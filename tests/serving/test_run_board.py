@@ -10,6 +10,7 @@ bounded and replayed in order.
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from serving.errors import ServingError
 from serving.observability import ServingMetrics
 from serving.persistence import ThreadSettings, ThreadStores, open_thread_stores
 from serving.runs import RunRecord, RunRegistry
-from serving.shared.runs import RunBoard, RunConflictError
+from serving.shared.runs import ReplicaIdInUseError, RunBoard, RunConflictError, default_replica_id
 from serving.shared.settings import StateSettings
 
 pytestmark = [pytest.mark.integration]
@@ -251,3 +252,50 @@ async def test_replicas_setting_up_a_fresh_database_at_once_both_succeed(postgre
         for stores in opened:
             if isinstance(stores, ThreadStores):
                 await stores.aclose()
+
+
+async def _die(board: RunBoard) -> None:
+    """As a process killed -9 ends: its connections close, its rows stay as they were."""
+    board._closed = True  # the fixture's aclose does nothing more
+    for task in [*board._tasks, *([board._writer] if board._writer else [])]:
+        task.cancel()
+    await asyncio.gather(*board._tasks, *([board._writer] if board._writer else []), return_exceptions=True)
+    assert board._id_lock is not None
+    await board._id_lock.close()
+    await board._pool.close()
+
+
+async def test_a_live_replicas_id_is_refused_and_a_dead_ones_is_taken_over_with_its_runs_ended(
+    boards: Open, postgres_dsn: str
+) -> None:
+    # A long lease: what frees the id is the process's end, not a lease running out.
+    first = await boards("same", heartbeat_s=5, lease_s=60)
+    await first.start(RunRegistry(board=first))
+    with pytest.raises(ReplicaIdInUseError) as refused:
+        await boards("same", heartbeat_s=5, lease_s=60)
+    assert "'same'" in str(refused.value) and "state.replica_id" in str(refused.value)
+    thread = str(uuid.uuid4())
+    run = _record(thread)
+    await first.admit(run, deadline_s=5)
+    await _die(first)
+    reaped: list[str] = []
+
+    async def on_reaped(thread_id: str, tenant: str) -> None:
+        reaped.append(thread_id)
+
+    # Restarted under its id within the lease: its predecessor's run is ended at start,
+    # before any run is taken, and the thread takes a new run at once.
+    again = await boards("same", heartbeat_s=5, lease_s=60)
+    await again.start(RunRegistry(board=again), on_reaped=on_reaped)
+    shared = await again.get(run.run_id)
+    assert shared is not None and shared.status == "error" and "restarted" in (shared.error or "")
+    assert reaped == [thread]
+    await again.admit(_record(thread), deadline_s=1)
+
+
+def test_the_default_replica_id_is_stable_for_a_data_directory(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert default_replica_id(tmp_path / "a") == default_replica_id(tmp_path / "b" / ".." / "a")
+    assert default_replica_id(tmp_path / "a") != default_replica_id(tmp_path / "b")
+    assert default_replica_id(tmp_path / "a").startswith(socket.gethostname() + "-")
