@@ -28,8 +28,7 @@ from eval.cli import EvalSession, EvalSetupError, eval_app
 from gateway import Backend, GatewayError, GatewaySettings, ModelGateway, load_registry
 from gateway.cli import backend_app
 from gateway.local import start_backend, stop_backend
-from gateway.promotions import PromotionStore, promotions_path
-from gateway.registry import LocalLaunch
+from gateway.registry import LocalLaunch, ModelRegistry
 from graphs import GraphError, GraphRegistry, GraphSpec, UnknownGraphError
 from graphs.cli import ask, graphs_app
 from knowledge import KnowledgeBase, KnowledgeError, StoreLockedError, open_knowledge
@@ -43,6 +42,7 @@ from serving.app import cors_refusal_headers, create_app
 from serving.audit import load_key, parse_anchor, verify
 from serving.auth import FileKeyStore, KeyStore
 from serving.shared.keys import open_key_store
+from serving.shared.promotions import close_promotion_store, open_promotion_store
 from serving.shared.runs import default_replica_id
 from serving.errors import ServingError
 from serving.eval_runner import backends_of, build_judge, cli_host, open_runner, resolve_model, sla_for
@@ -122,7 +122,7 @@ class CliEnv:
         alias is started if it is not running, and stopped on exit. When a server holds
         the stores: its URL."""
         settings = self.settings
-        registry = PromotionStore(promotions_path(settings.data_dir)).apply(load_registry(settings.gateway.models_file))
+        registry = self.promoted_registry()
         gateway = ModelGateway(registry, probe_timeout_s=settings.gateway.probe_timeout_s)
         started: list[Backend] = []
         try:
@@ -165,6 +165,23 @@ class CliEnv:
             for backend in started:
                 typer.echo(f"stopping local backend {backend.id}", err=True)
                 await asyncio.to_thread(stop_backend, backend, settings.data_dir)
+
+    def promoted_registry(self) -> ModelRegistry:
+        """The models file's registry with the aliases as promoted: ``promotions.json`` in
+        the data directory, or the replicas' shared promotions when state is shared
+        (``settings.shared_dsn``; `serving.shared.promotions`), as the server serves them.
+
+        Raises:
+            PromotionStoreError: the shared database cannot be reached.
+            PromotionsFileError: the promotions are invalid for this registry.
+        """
+        settings = self.settings
+        registry = load_registry(settings.gateway.models_file)
+        store = open_promotion_store(settings)
+        try:
+            return store.apply(registry)
+        finally:
+            close_promotion_store(store)
 
     def server_url(self) -> str | None:
         """The server registered in ``<data_dir>/run/server.json``, if it is alive."""
@@ -214,8 +231,7 @@ class CliEnv:
         judge = judge or settings.eval.judge
         # Not Platform.build: the eval opens no user store (a server may hold it) and
         # builds only the graph it runs (serving.eval_runner); aliases as promoted.
-        registry = load_registry(settings.gateway.models_file)
-        registry = PromotionStore(promotions_path(settings.data_dir)).apply(registry)
+        registry = self.promoted_registry()
         gateway = ModelGateway(registry, probe_timeout_s=settings.gateway.probe_timeout_s)
         knowledge = None
         if user_collections:

@@ -16,7 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from langgraph_sdk import get_sync_client
+
+from gateway.registry import AliasTarget
+from serving.cli import CliEnv
+from serving.shared.promotions import PostgresPromotionStore
 
 from tests.replicas import Replica, create_key, start_replicas, stop_replicas
 from tests.scripted import error_log_lines, failed_requests, start_scripted_backend, write_scripted_models_file
@@ -290,3 +295,34 @@ def test_enqueued_runs_from_both_replicas_take_turns_on_one_thread(pair: tuple[R
     assert [m["type"] for m in state["values"]["messages"]] == ["human", "ai"] * 4
     runs = httpx.get(f"{a_rep.url}/threads/{thread}/runs", headers=headers).json()
     assert len(runs) == 4 and all(r["status"] == "success" for r in runs)
+
+
+def test_cli_commands_read_the_shared_promotions(tmp_path: Path, postgres_dsn: str) -> None:
+    """``switchyard graph ...`` and ``eval run`` build their gateway from
+    `CliEnv.promoted_registry`: with shared state, a promotion made through any replica
+    (the shared store), not the data directory's ``promotions.json``."""
+    backend = {"kind": "vllm", "model": "m", "capabilities": {"context_window": 4096}}
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({
+        "backends": {"a": {**backend, "base_url": "http://127.0.0.1:9/v1"}, "b": {**backend, "base_url": "http://127.0.0.1:9/v1"}},
+        "aliases": {"main": {"targets": [{"backend": "a", "weight": 100}]}},
+    }))
+    config = tmp_path / "switchyard.yaml"
+    config.write_text(yaml.safe_dump({
+        "data_dir": str(tmp_path / "data"), "gateway": {"models_file": str(models)},
+        "threads": {"postgres_dsn": postgres_dsn},
+    }))
+    shared = PostgresPromotionStore(postgres_dsn).open()
+    try:
+        shared.record_promotion(
+            "main", expected_override=None, expected_seq=0, from_targets=(AliasTarget(backend="a", weight=100),),
+            to_targets=(AliasTarget(backend="b", weight=100),), by="replica A", backend="b", weight=None,
+        )
+    finally:
+        shared.close()
+    registry = CliEnv(config).promoted_registry()
+    assert [t.backend for t in registry.aliases["main"].targets] == ["b"]
+    # Without shared state the data directory's file is what counts (nothing promoted there).
+    alone = tmp_path / "alone.yaml"
+    alone.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), "gateway": {"models_file": str(models)}}))
+    assert [t.backend for t in CliEnv(alone).promoted_registry().aliases["main"].targets] == ["a"]
