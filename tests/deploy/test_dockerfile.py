@@ -161,7 +161,8 @@ def test_llama_stage_carries_the_model_and_the_server() -> None:
 
 def test_builder_installs_from_the_lock_file() -> None:
     runs = " ".join(args for op, args in stage_instructions("builder") if op == "RUN")
-    assert "pip install --no-cache-dir -c requirements.lock ." in runs
+    # With the eval extra: `switchyard models promote` runs DeepEval inside the app's image.
+    assert "pip install --no-cache-dir -c requirements.lock '.[eval]'" in runs
 
 
 def _ignore_patterns() -> list[str]:
