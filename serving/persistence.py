@@ -5,7 +5,9 @@ PostgreSQL when ``threads.postgres_dsn`` is set. Either way a thread survives a 
 and the checkpointer and the thread store share one way in: on SQLite one connection
 and one writer (`serving.threads.SqliteWriter`; the module docstring of
 `serving.threads` says why two connections broke under load), on PostgreSQL one pool.
-At start, threads a crashed server left ``busy`` are made ``idle`` again. The LangGraph
+At start, threads a crashed server left ``busy`` are made ``idle`` again (on a
+PostgreSQL that replicas share, not those with an active run on the run board:
+`serving.threads.PostgresThreadStore.recover`). The LangGraph
 store (`serving.store`) lives in the same database and goes the same way in.
 """
 

@@ -234,9 +234,12 @@ class ThreadStore(Protocol):
         """Mark threads left ``busy`` by a server that stopped without ending its runs
         ``idle``; called once at start, before any run.
 
-        With several replicas on one PostgreSQL this would also free the threads of runs
-        still going on another replica: that needs a per-replica owner on each thread (a
-        later issue); until then run one replica per database.
+        On PostgreSQL with replicas sharing it (the run board's ``switchyard_runs`` in
+        the same database), a thread with an active run on the board stays ``busy``:
+        that run may be going on another replica; the board ends the runs of dead
+        replicas (and of this replica's predecessor under the same id) and sets their
+        threads' statuses itself (`serving.shared.runs`). A board in another database
+        (``state.postgres_dsn`` not the threads' database) is not seen here.
 
         Returns:
             How many threads were recovered.
@@ -844,6 +847,17 @@ CREATE TABLE IF NOT EXISTS switchyard_threads (
 """
 
 
+_PG_RECOVER = "UPDATE switchyard_threads SET status = 'idle', updated_at = %s WHERE status = 'busy'"
+_PG_NO_ACTIVE_RUN = """ AND NOT EXISTS (SELECT 1 FROM switchyard_runs r
+    WHERE r.thread_id = switchyard_threads.thread_id AND r.status IN ('pending', 'running'))"""
+"""A busy thread with an active run on the board (`serving.shared.runs`) is left as it
+is: the run is going on another replica, or its replica died and a sweeper ends it and
+sets the thread's status, or it was this replica's predecessor's (same id) and the
+board ends it at start. A replica inserts a run's row before it marks the thread busy
+and marks the thread before it ends the row, so a thread seen busy here has its row
+visible to the same statement."""
+
+
 class PostgresWorkers:
     """A PostgreSQL pool (psycopg's synchronous one) and the worker threads that use it,
     shared by the thread store and the checkpointer.
@@ -1026,13 +1040,17 @@ class PostgresThreadStore:
         await self._workers.run("delete", lambda: self._execute("DELETE FROM switchyard_threads WHERE thread_id = %s", (thread_id,)))
 
     async def recover(self) -> int:
-        """Mark threads left ``busy`` ``idle`` (see `ThreadStore.recover` on replicas)."""
-        return await self._workers.run(
-            "recover",
-            lambda: self._execute(
-                "UPDATE switchyard_threads SET status = 'idle', updated_at = %s WHERE status = 'busy'", (_now(),)
-            ),
-        )
+        """Mark threads left ``busy`` ``idle``, except those with an active run on the
+        replicas' run board (see `ThreadStore.recover`)."""
+        return await self._workers.run("recover", self._recover)
+
+    def _recover(self) -> int:
+        with self._pool.connection() as connection:
+            # The board's table is created by the first replica's board, after this.
+            board = connection.execute("SELECT to_regclass('switchyard_runs') IS NOT NULL AS board").fetchone()
+            if not (board["board"] if isinstance(board, dict) else board[0]):  # type: ignore[index]
+                return int(connection.execute(_PG_RECOVER, (_now(),)).rowcount)
+            return int(connection.execute(_PG_RECOVER + _PG_NO_ACTIVE_RUN, (_now(),)).rowcount)
 
     async def search(
         self,

@@ -75,6 +75,19 @@ class Replica:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def restart(self) -> None:
+        """Start it again (after `kill` or `stop`) on the same port, data directory and
+        replica id, and wait until it is ready."""
+        assert self.process.poll() is not None, f"replica {self.name} is still running"
+        port = self.url.rsplit(":", 1)[1]
+        assert self.output is not None
+        with self.output.open("ab") as out:
+            self.process = subprocess.Popen(
+                [str(SWITCHYARD), "serve", "--config", str(self.config), "--host", "127.0.0.1", "--port", port],
+                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+            )
+        _wait_ready(self)
+
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``switchyard --config <config> ARGS`` with this replica's environment."""
         return subprocess.run(

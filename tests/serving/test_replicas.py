@@ -326,3 +326,27 @@ def test_cli_commands_read_the_shared_promotions(tmp_path: Path, postgres_dsn: s
     alone = tmp_path / "alone.yaml"
     alone.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), "gateway": {"models_file": str(models)}}))
     assert [t.backend for t in CliEnv(alone).promoted_registry().aliases["main"].targets] == ["a"]
+
+
+def test_a_replica_starting_leaves_the_threads_of_anothers_runs_busy(
+    pair: tuple[Replica, Replica, dict[str, str]],
+) -> None:
+    """Start-up recovery (threads a crashed server left ``busy`` made ``idle``) skips
+    threads with an active run on the board: B killed and started again while A runs a
+    thread leaves that thread ``busy`` until A's run ends."""
+    a_rep, b_rep, headers = pair
+    with httpx.Client(base_url=a_rep.url, headers=headers, timeout=30) as a:
+        thread = a.post("/threads", json={}).json()["thread_id"]
+        run_id = a.post(f"/threads/{thread}/runs", json=_body(1500)).json()["run_id"]
+        _wait_for(lambda: a.get(f"/threads/{thread}").json()["status"] == "busy", what="thread busy")
+        b_rep.kill()
+        b_rep.restart()
+        with httpx.Client(base_url=b_rep.url, headers=headers, timeout=30) as b:
+            assert b.get(f"/threads/{thread}").json()["status"] == "busy"
+            assert b.get(f"/threads/{thread}/runs/{run_id}").json()["status"] == "running"
+            # B's start said so in its log: nothing recovered.
+            assert "left busy" not in b_rep.log_file.read_text()
+            # It ends (cancelled through B): now the thread is idle.
+            cancelled = b.post(f"/threads/{thread}/runs/{run_id}/cancel", params={"wait": "true"})
+            assert cancelled.status_code == 204, cancelled.text
+            assert _wait_for(lambda: b.get(f"/threads/{thread}").json()["status"] == "idle", what="thread idle")

@@ -299,3 +299,21 @@ def test_the_default_replica_id_is_stable_for_a_data_directory(tmp_path: Path) -
     assert default_replica_id(tmp_path / "a") == default_replica_id(tmp_path / "b" / ".." / "a")
     assert default_replica_id(tmp_path / "a") != default_replica_id(tmp_path / "b")
     assert default_replica_id(tmp_path / "a").startswith(socket.gethostname() + "-")
+
+
+async def test_recovery_at_start_skips_threads_with_an_active_run_on_the_board(
+    boards: Open, postgres_dsn: str, tmp_path: Path
+) -> None:
+    stores = await open_thread_stores(ThreadSettings(postgres_dsn=postgres_dsn, pool_size=2), tmp_path)
+    try:
+        board = await boards("other")
+        running, left = str(uuid.uuid4()), str(uuid.uuid4())
+        for thread in (running, left):
+            await stores.threads.create(tenant="acme", thread_id=thread)
+            await stores.threads.update(thread, status="busy")
+        await board.admit(_record(running), deadline_s=5)  # going on replica "other"
+        assert await stores.threads.recover() == 1
+        statuses = {t: (await stores.threads.get(t, tenant="acme")).status for t in (running, left)}  # type: ignore[union-attr]
+        assert statuses == {running: "busy", left: "idle"}
+    finally:
+        await stores.aclose()
