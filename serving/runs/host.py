@@ -117,6 +117,7 @@ class ActiveRun:
         self.budget = RunBudget()
         self.started = time.perf_counter()
         self.first_at = 0.0
+        self._ttft_counted = False
         self.tokens = 0
         """Completion tokens, when the protocol counts them."""
         self.outcome: Outcome | None = None
@@ -177,12 +178,22 @@ class ActiveRun:
         """The first token was sent (time to first token)."""
         if not self.first_at:
             self.first_at = time.perf_counter()
-            backend = self.routing.backend or "none"
+            if self.routing.backend is not None:
+                self._count_first_token()
+            # Else the first payload went out before any model answered (a retrieval
+            # graph's citations): timed now, counted when the run ends, under the
+            # backend that served it.
+
+    def _count_first_token(self) -> None:
+        """Count the run's time to first token (once), under the backend that served
+        it so far (``none``: no model answered)."""
+        if self.first_at and not self._ttft_counted:
+            self._ttft_counted = True
             # The target is a configured graph id or alias (unknown models are
             # refused before a run opens; `model: auto` runs as the graph it chose).
-            self._host.metrics.time_to_first_token.labels(self.metric_kind, self.plan.target, backend).observe(
-                self.first_at - self.started
-            )
+            self._host.metrics.time_to_first_token.labels(
+                self.metric_kind, self.plan.target, self.routing.backend or "none"
+            ).observe(self.first_at - self.started)
 
     def fail(self, error: BaseException) -> None:
         """The run failed; the service reports it in-band (the block exits normally)."""
@@ -388,6 +399,7 @@ class RunHost:
             return
         backend = run.routing.backend or "none"
         self.metrics.runs.labels(kind, plan.target, outcome, backend).inc()
+        run._count_first_token()
         if run.tokens:
             self.metrics.output_tokens.labels(kind, plan.target).inc(run.tokens)
             if run.first_at and (seconds := time.perf_counter() - run.first_at) > 0:

@@ -251,9 +251,9 @@ def exported_series(text: str) -> Exported:
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
         names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
-        for sample in family.samples:
-            names.add(sample.name)
-            labels.setdefault(sample.name, set()).update(sample.labels)
+        for point in family.samples:
+            names.add(point.name)
+            labels.setdefault(point.name, set()).update(point.labels)
     return Exported(frozenset(names), {name: frozenset(found) for name, found in labels.items()})
 
 
