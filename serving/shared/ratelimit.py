@@ -8,6 +8,12 @@ reads Redis's clock (``TIME``), not the replicas', and gives each bucket a TTL o
 time it takes to refill completely (a bucket left alone that long is full, which is
 what a missing bucket means), so idle keys cost no memory.
 
+At most ``max_connections`` (64) checks talk to Redis at once; more wait for a
+connection (within ``timeout_s``) instead of failing: a burst of requests is not an
+outage. One that still found no free connection within ``timeout_s`` (Redis answers, but
+slower than the requests come) is checked against this replica's own bucket, without
+counting a store error.
+
 Redis unreachable, failing or slower than ``timeout_s`` (0.25 s): the request is
 checked against this replica's own bucket (`serving.limits.RateLimiter`) instead, the
 failure is counted in ``switchyard_rate_limit_store_errors_total``, and the outage is
@@ -84,6 +90,7 @@ class RedisRateLimiter:
         timeout_s: float = 0.25,
         retry_s: float = 1.0,
         fallback: RateLimiter | None = None,
+        max_connections: int = 64,
     ) -> None:
         """Args:
         url: ``redis://host:port/db``.
@@ -91,15 +98,23 @@ class RedisRateLimiter:
         timeout_s: the longest a check waits for Redis before it uses this replica's bucket.
         retry_s: during an outage, how often Redis is tried again.
         fallback: this replica's buckets (a new `RateLimiter` by default).
+        max_connections: checks talking to Redis at once (more wait their turn).
         """
         self.url = url
-        self._client = redis.Redis.from_url(
+        # A blocking pool: at max_connections the plain pool raises MaxConnectionsError,
+        # which would look like an outage. The semaphore below keeps checks from even
+        # asking the pool for more, so that waiting for a turn is told apart from a Redis
+        # that does not answer.
+        pool = redis.BlockingConnectionPool.from_url(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),  # no retries: a slow answer falls back at once
-            max_connections=64,
+            max_connections=max_connections,
+            timeout=timeout_s,
         )
+        self._client = redis.Redis(connection_pool=pool)
+        self._turns = asyncio.Semaphore(max_connections)
         self._script = self._client.register_script(_TAKE)
         self._metrics = metrics
         self._timeout_s = timeout_s
@@ -126,18 +141,31 @@ class RedisRateLimiter:
             return
         limits = principal.settings.limits
         ttl_ms = min(_MAX_TTL_MS, math.ceil(limits.burst / limits.requests_per_s * 1000) + 1000)
+        has_turn = False
         try:
             async with asyncio.timeout(self._timeout_s):
+                await self._turns.acquire()
+                has_turn = True
                 allowed, wait = await self._script(
                     keys=[KEY_PREFIX + principal.key_id], args=[limits.burst, repr(limits.requests_per_s), ttl_ms]
                 )
         except (RedisError, OSError, TimeoutError, NoScriptError) as exc:
-            self._failed(exc, now)
+            if has_turn:
+                self._failed(exc, time.monotonic())
+            else:
+                # Waited its whole timeout for a turn: Redis answers (the checks ahead
+                # are being served), just not this fast; not an outage.
+                log.debug("rate-limit store %s busy: this check used the local bucket", self.safe_url())
             self.fallback.take(principal)
             return
+        finally:
+            if has_turn:
+                self._turns.release()
         if self._down_since is not None:
+            # Measured now, not at the start of this check: another check may have
+            # marked the outage while this one waited for Redis.
             log.warning("rate-limit store %s answers again after %.1f s: buckets are shared again",
-                        self.safe_url(), now - self._down_since)
+                        self.safe_url(), max(0.0, time.monotonic() - self._down_since))
             self._down_since = None
         if not int(allowed):
             raise rate_limited(principal, float(wait))

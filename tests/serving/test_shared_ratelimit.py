@@ -64,6 +64,53 @@ async def test_two_replicas_share_one_bucket(redis_url: str) -> None:
         await b.aclose()
 
 
+async def test_a_burst_of_checks_waits_for_connections(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """200 checks at once on a healthy Redis, more than the pool's connections: they wait
+    their turn instead of failing, so no store error, no outage logged, and each key's
+    bucket gives exactly its burst."""
+    metrics = ServingMetrics()
+    limiter = RedisRateLimiter(redis_url, metrics=metrics, timeout_s=2.0, max_connections=8)
+    caplog.set_level(logging.WARNING, logger="serving.shared.ratelimit")
+    try:
+        principals = [_principal(f"burst{i}", burst=30) for i in range(4)]
+        outcomes = await asyncio.gather(*(_allowed(limiter, principals[i % 4]) for i in range(200)))
+        assert metrics.rate_limit_store_errors._value.get() == 0
+        assert limiter.shared
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        for i in range(4):
+            assert sum(outcomes[j] for j in range(i, 200, 4)) == 30  # 50 checks per key, burst 30
+        # The local buckets were not used: a fresh limiter over the same Redis sees them empty.
+        other = RedisRateLimiter(redis_url)
+        try:
+            assert not await _allowed(other, principals[0])
+        finally:
+            await other.aclose()
+    finally:
+        await limiter.aclose()
+
+
+async def test_recovery_logs_how_long_the_outage_lasted(caplog: pytest.LogCaptureFixture) -> None:
+    """The outage's length in the recovery log is measured when Redis answers again."""
+    server = RedisServer().start()
+    limiter = RedisRateLimiter(server.url, retry_s=0.1)
+    caplog.set_level(logging.WARNING, logger="serving.shared.ratelimit")
+    try:
+        server.stop()
+        assert await _allowed(limiter, _principal("k1"))
+        assert not limiter.shared
+        await asyncio.sleep(0.3)
+        server.start()
+        await asyncio.sleep(0.2)
+        assert await _allowed(limiter, _principal("k1"))
+        assert limiter.shared
+        message = next(r.getMessage() for r in caplog.records if "answers again" in r.getMessage())
+        seconds = float(message.split("after ")[1].split(" s")[0])
+        assert seconds >= 0.4, message
+    finally:
+        await limiter.aclose()
+        server.close()
+
+
 async def test_redis_down_falls_back_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
     """Redis killed: checks go to this replica's bucket (no error but 429), each failure
     counted, the outage logged once; Redis back: shared again by itself."""
