@@ -4,9 +4,11 @@ The same token bucket as `serving.limits.RateLimiter` (``burst`` tokens per API 
 refilled at ``requests_per_s``, 429 with ``Retry-After`` when empty), kept in one Redis
 hash per key id (``switchyard:ratelimit:<key id>``: tokens and when they were counted)
 and taken by a Lua script, so a read-refill-take is atomic across replicas. The script
-reads Redis's clock (``TIME``), not the replicas', and gives each bucket a TTL of the
-time it takes to refill completely (a bucket left alone that long is full, which is
-what a missing bucket means), so idle keys cost no memory.
+reads Redis's clock (``TIME``, kept in integer microseconds), not the replicas', and
+gives each bucket a TTL of the time it takes to refill completely (a bucket left alone
+that long is full, which is what a missing bucket means), so idle keys cost no memory;
+the TTL is at most 30 days, so only a limit slower than ``burst`` requests per 30 days
+finds an idle bucket full before it would have refilled.
 
 At most ``max_connections`` (64) checks talk to Redis at once; more wait for a
 connection (within ``timeout_s``) instead of failing: a burst of requests is not an
@@ -48,22 +50,24 @@ log = logging.getLogger(__name__)
 
 KEY_PREFIX = "switchyard:ratelimit:"
 
-# KEYS[1] the bucket; ARGV: burst, requests_per_s. Returns {1, "0"} when a token was
-# taken, {0, "<seconds until one is there>"} when the bucket is empty. Numbers go back
-# as strings: Redis turns a Lua number reply into an integer.
+# KEYS[1] the bucket; ARGV: burst, requests_per_s, TTL in ms. Returns {1, "0"} when a
+# token was taken, {0, "<seconds until one is there>"} when the bucket is empty. Numbers
+# go back as strings: Redis turns a Lua number reply into an integer. Time is kept in
+# integer microseconds (exact in a Lua double until the year 2255) and tokens with six
+# decimals: `tostring` would keep 14 significant digits, 0.1 ms of a Unix time in seconds.
 _TAKE = """
 local burst = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'updated')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'updated_us')
 local tokens = tonumber(state[1])
 local updated = tonumber(state[2])
 if tokens == nil or updated == nil then
   tokens = burst
   updated = now
 end
-tokens = math.min(burst, tokens + math.max(0, now - updated) * rate)
+tokens = math.min(burst, tokens + math.max(0, now - updated) / 1000000 * rate)
 local allowed = 0
 local wait = 0
 if tokens >= 1 then
@@ -72,11 +76,13 @@ if tokens >= 1 then
 else
   wait = (1 - tokens) / rate
 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'updated', tostring(now))
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens), 'updated_us', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
 return {allowed, tostring(wait)}
 """
-_MAX_TTL_MS = 86_400_000
+_MAX_TTL_MS = 30 * 86_400_000
+"""A bucket's TTL is the time it takes to refill (plus a second), at most 30 days: only
+a limit slower than ``burst`` requests per 30 days finds its bucket full again early."""
 
 
 class RedisRateLimiter:

@@ -111,6 +111,25 @@ async def test_recovery_logs_how_long_the_outage_lasted(caplog: pytest.LogCaptur
         server.close()
 
 
+async def test_bucket_time_in_microseconds_and_ttl_of_a_slow_refill(redis_url: str) -> None:
+    """The bucket keeps Redis's time in integer microseconds; a limit that takes days to
+    refill keeps its bucket that long (not reset after 24 h)."""
+    limiter = RedisRateLimiter(redis_url)
+    control = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        slow = _principal("slow", burst=5, per_s=1e-5)  # 5 tokens refill in 500,000 s (5.8 days)
+        assert await _allowed(limiter, slow)
+        bucket = control.hgetall(KEY_PREFIX + "slow")
+        seconds, micros = control.time()
+        assert bucket["updated_us"].isdigit()
+        assert abs(int(bucket["updated_us"]) - (seconds * 1_000_000 + micros)) < 5_000_000
+        assert float(bucket["tokens"]) == pytest.approx(4.0, abs=1e-3)
+        assert control.pttl(KEY_PREFIX + "slow") > 5 * 86_400_000
+    finally:
+        control.close()
+        await limiter.aclose()
+
+
 async def test_redis_down_falls_back_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
     """Redis killed: checks go to this replica's bucket (no error but 429), each failure
     counted, the outage logged once; Redis back: shared again by itself."""
