@@ -304,6 +304,16 @@ def _check_alias_answer(answer: dict[str, Any], guard: OutputGuard) -> None:
             choice["finish_reason"] = "content_filter"
 
 
+def _has_output(chunk: dict[str, Any]) -> bool:
+    """Whether a relayed chunk carries text (an answer's or its reasoning's) or a tool
+    call, not only the role."""
+    for choice in chunk.get("choices") or ():
+        delta = (choice.get("delta") or {}) if isinstance(choice, dict) else {}
+        if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+            return True
+    return False
+
+
 def _relayed(chunk: dict[str, Any], include_usage: bool) -> str:
     """A relayed chunk with choices, as sent: ``"usage": null`` if the client asked for
     usage (it comes on the last chunk), no ``usage`` if not."""
@@ -501,8 +511,6 @@ class ChatCompletionService:
             chunks = self._graph_chunks(request, messages, run) if plan.kind == "graph" else self._alias_chunks(request, run)
             async with aclosing(chunks) as payloads:
                 async for payload in payloads:
-                    if not run.first_at:
-                        run.token()
                     yield payload
             yield "[DONE]"
 
@@ -536,9 +544,13 @@ class ChatCompletionService:
         Raises:
             OutputBlockedError: the output check blocked the answer.
         """
+        # Time to first token: the first text or tool call the model streams, not the
+        # role chunk or a retrieval graph's citations, which go out before it answers.
         if isinstance(event, TextDelta):
             text = guard.feed(0, event.text)
             if text:
+                if not run.first_at:
+                    run.token()
                 yield encoder.content(text)
             return
         if isinstance(event, ToolCallDelta):
@@ -553,6 +565,8 @@ class ChatCompletionService:
                 call.update(id=event.id, type="function")
             if event.name:
                 call["function"]["name"] = event.name
+            if not run.first_at:
+                run.token()
             yield encoder.chunk(Delta(tool_calls=[call]))
             return
         # Any other event comes after the model's message has ended: the rest of its
@@ -566,6 +580,8 @@ class ChatCompletionService:
             yield encoder.extension(facts=_facts(event, guard))
         elif isinstance(event, Finish):
             if rest := guard.flush(0):
+                if not run.first_at:
+                    run.token()  # all of the text was held back by the output check until now
                 yield encoder.content(rest)
             run.tokens = event.completion_tokens
             yield encoder.chunk(Delta(), finish_reason=event.reason)
@@ -599,6 +615,8 @@ class ChatCompletionService:
                     if checked is None:
                         continue
                     chunk = checked
+                if not run.first_at and _has_output(chunk):
+                    run.token()
                 yield _relayed(chunk, include_usage)
                 last = chunk
         if usage:

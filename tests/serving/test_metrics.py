@@ -57,7 +57,10 @@ def rag_server(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) 
         tmp,
         {
             "gateway": {"models_file": str(models)},
-            "graphs": {"rag-fake": {"path": "graphs.rag:make_graph", "model": "fake-ok"}},
+            "graphs": {
+                "rag-fake": {"path": "graphs.rag:make_graph", "model": "fake-ok"},
+                "rag-500": {"path": "graphs.rag:make_graph", "model": "fake-500"},
+            },
             "knowledge": {"default_collection": "docs"},
         },
     )
@@ -105,3 +108,22 @@ def test_a_rag_run_is_timed_by_graph_and_its_search_counted(rag_server: ServerHa
     assert delta("switchyard_retrieval_hits_bucket", source="vectors", le="0.0") == 1
     assert delta("switchyard_retrieval_hits_sum", source="vectors") == 2  # one chunk each time it was there
     assert delta("switchyard_retrieval_hits_count", source="graph") == 0
+
+
+def test_time_to_first_token_waits_for_the_model(rag_server: ServerHandle) -> None:
+    """A retrieval graph streams its role and citations before the model answers: they
+    are not the first token. A run whose model fails after the citations went out
+    streamed no token, so no time to first token is counted for it."""
+    url = rag_server.url
+    before = httpx.get(url + "/metrics").text
+    question = [{"role": "user", "content": "Who issues the Resident Card?"}]
+    streamed = {"model": "rag-500", "messages": question, "stream": True}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=streamed, timeout=60) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data:")]
+    assert any('"citations"' in line for line in lines), lines  # sent before the model failed
+    assert any('"error"' in line for line in lines), lines
+    after = httpx.get(url + "/metrics").text
+    assert sample(after, "switchyard_time_to_first_token_seconds_count", target="rag-500") == sample(
+        before, "switchyard_time_to_first_token_seconds_count", target="rag-500"
+    )
