@@ -100,9 +100,32 @@ def raw() -> dict[str, Any]:
     return yaml.safe_load(COMPOSE.read_text())
 
 
+# .env.example leaves the metrics key and its hash empty (a stack started from it
+# unchanged must not accept a published key): the tests fill them in, as an operator does.
+TEST_METRICS_KEY = "test-metrics-key-not-from-env-example"
+TEST_KEYS = json.dumps(
+    [{"id": "prometheus", "tenant": "metrics", "sha256": hashlib.sha256(TEST_METRICS_KEY.encode()).hexdigest()}]
+)
+TEST_VALUES = {"METRICS_API_KEY": TEST_METRICS_KEY, "SWITCHYARD_AUTH__KEYS": TEST_KEYS}
+
+
 @pytest.fixture(scope="module")
 def env_example() -> dict[str, str]:
-    return {name: value or "" for name, value in dotenv_values(ENV_EXAMPLE).items()}
+    """.env.example's values, with the metrics key and its hash filled in (`TEST_VALUES`)."""
+    example = {name: value or "" for name, value in dotenv_values(ENV_EXAMPLE).items()}
+    return example | TEST_VALUES
+
+
+@pytest.fixture
+def env_file(tmp_path: Path) -> Path:
+    """.env.example as an operator fills it in (`TEST_VALUES`), for docker compose."""
+    lines = [
+        f"{name}='{TEST_VALUES[name]}'" if (name := line.partition("=")[0]) in TEST_VALUES else line
+        for line in ENV_EXAMPLE.read_text().splitlines()
+    ]
+    path = tmp_path / "env"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -279,10 +302,9 @@ def test_settings_and_registry_load_with_the_example_environment(example_environ
     assert set(registry.backends) == {"vllm", "llama"}
     # No backend Switchyard would start inside the app container.
     assert registry.managed_backends() == []
-    # The metrics key of .env.example is the one whose hash the settings hold.
-    env = dotenv_values(ENV_EXAMPLE)
+    # The metrics key filled in as .env.example says is the one whose hash the settings hold.
     [record] = [key for key in settings.auth.keys if key.tenant == "metrics"]
-    assert record.sha256 == hashlib.sha256(str(env["METRICS_API_KEY"]).encode()).hexdigest()
+    assert record.sha256 == hashlib.sha256(TEST_METRICS_KEY.encode()).hexdigest()
     metrics = settings.auth.tenants["metrics"]
     assert metrics.graphs == () and metrics.models == ()
 
@@ -612,12 +634,12 @@ def _compose_config(env_file: Path, *profiles: str) -> subprocess.CompletedProce
     [(("gpu",), {"vllm"}), (("cpu",), {"llama"}), (("cpu", "otel"), {"llama", "otel-collector"})],
 )
 def test_docker_compose_resolves_each_profile(
-    profiles: tuple[str, ...], model_servers: set[str], compose: dict[str, Any]
+    profiles: tuple[str, ...], model_servers: set[str], compose: dict[str, Any], env_file: Path
 ) -> None:
-    """Docker Compose itself parses the file with .env.example: the profile's services,
-    and the same interpolation these tests assume (so the checks above see what Docker
-    runs)."""
-    result = _compose_config(ENV_EXAMPLE, *profiles)
+    """Docker Compose itself parses the file with .env.example (filled in): the profile's
+    services, and the same interpolation these tests assume (so the checks above see
+    what Docker runs)."""
+    result = _compose_config(env_file, *profiles)
     assert result.returncode == 0, result.stderr
     resolved = json.loads(result.stdout)
     always = SERVICES - {"vllm", "llama", "otel-collector"}
@@ -636,9 +658,21 @@ def test_docker_compose_resolves_each_profile(
     assert resolved["secrets"]["metrics_api_key"]["environment"] == "METRICS_API_KEY"
 
 
-def test_docker_compose_stops_on_a_missing_secret(tmp_path: Path) -> None:
-    env = [line for line in ENV_EXAMPLE.read_text().splitlines() if not line.startswith("POSTGRES_PASSWORD=")]
+def test_docker_compose_stops_on_a_missing_secret(tmp_path: Path, env_file: Path) -> None:
+    env = [line for line in env_file.read_text().splitlines() if not line.startswith("POSTGRES_PASSWORD=")]
     (tmp_path / "env").write_text("\n".join(env) + "\n")
     result = _compose_config(tmp_path / "env", "cpu")
     assert result.returncode != 0
     assert "POSTGRES_PASSWORD" in result.stderr
+
+
+def test_the_example_ships_no_working_metrics_key(raw: dict[str, Any]) -> None:
+    """.env.example unchanged holds no metrics key nor hash, and compose stops naming
+    SWITCHYARD_AUTH__KEYS (an app started from it would accept a published key)."""
+    example = {name: value or "" for name, value in dotenv_values(ENV_EXAMPLE).items()}
+    assert example["METRICS_API_KEY"] == "" and example["SWITCHYARD_AUTH__KEYS"] == ""
+    with pytest.raises(AssertionError, match="SWITCHYARD_AUTH__KEYS is required"):
+        _interpolate(raw, example, set())
+    result = _compose_config(ENV_EXAMPLE, "cpu")
+    assert result.returncode != 0
+    assert "SWITCHYARD_AUTH__KEYS" in result.stderr
