@@ -847,6 +847,8 @@ CREATE TABLE IF NOT EXISTS switchyard_threads (
 """
 
 
+_PG_SCHEMA_LOCK = 0x5357_5448_5244_53
+"""``pg_advisory_xact_lock`` key held while ``switchyard_threads`` is created."""
 _PG_RECOVER = "UPDATE switchyard_threads SET status = 'idle', updated_at = %s WHERE status = 'busy'"
 _PG_NO_ACTIVE_RUN = """ AND NOT EXISTS (SELECT 1 FROM switchyard_runs r
     WHERE r.thread_id = switchyard_threads.thread_id AND r.status IN ('pending', 'running'))"""
@@ -943,7 +945,7 @@ class PostgresThreadStore:
     async def open(cls, workers: PostgresWorkers) -> PostgresThreadStore:
         """Create the table if needed."""
         store = cls(workers)
-        await workers.run("open", lambda: store._execute(_PG_SCHEMA, ()))
+        await workers.run("open", store._create_schema)
         return store
 
     async def close(self) -> None:
@@ -951,6 +953,13 @@ class PostgresThreadStore:
 
     async def ping(self) -> None:
         await self._workers.run("ping", lambda: self._execute("SELECT 1", ()))
+
+    def _create_schema(self) -> None:
+        # Under a lock: two replicas creating the table at once fail on the catalog's
+        # unique index (CREATE TABLE IF NOT EXISTS does not guard against that).
+        with self._pool.connection() as connection, connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_SCHEMA_LOCK,))
+            connection.execute(_PG_SCHEMA)
 
     def _execute(self, query: str, params: tuple[Any, ...]) -> int:
         with self._pool.connection() as connection:
