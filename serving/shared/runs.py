@@ -369,9 +369,14 @@ class RunBoard:
         return True
 
     async def _keep_id(self) -> None:
-        """Take the id lock again if its connection was lost (a database restart)."""
-        if self._id_lock is not None and not self._id_lock.closed and not self._id_lock.broken:
-            return
+        """Take the id lock again if its connection was lost (a database restart): an
+        idle connection learns that only when it is used, hence the ping each beat."""
+        if self._id_lock is not None and not self._id_lock.closed:
+            try:
+                await self._id_lock.execute("SELECT 1")
+                return
+            except psycopg.Error as exc:
+                log.warning("run board: the connection holding replica id %s was lost: %r", self.replica_id, exc)
         if self._id_lock is not None:
             with contextlib.suppress(Exception):
                 await self._id_lock.close()

@@ -317,3 +317,14 @@ async def test_recovery_at_start_skips_threads_with_an_active_run_on_the_board(
         assert statuses == {running: "busy", left: "idle"}
     finally:
         await stores.aclose()
+
+
+async def test_the_id_lock_is_taken_again_after_its_connection_is_lost(boards: Open, postgres_dsn: str) -> None:
+    board = await boards("kept", heartbeat_s=5, lease_s=60)
+    assert board._id_lock is not None
+    pid = board._id_lock.info.backend_pid
+    await _rows(postgres_dsn, "SELECT pg_terminate_backend(%s)", pid)
+    await board._keep_id()  # as the next heartbeat does
+    assert board._id_lock is not None and board._id_lock.info.backend_pid != pid
+    with pytest.raises(ReplicaIdInUseError):
+        await boards("kept", heartbeat_s=5, lease_s=60)
