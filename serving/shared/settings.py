@@ -27,7 +27,10 @@ class StateSettings(BaseModel):
     """``redis://host:6379/0``: rate-limit buckets shared by every replica. Unset: each
     replica has its own buckets (N replicas let a key through N times as fast)."""
     replica_id: str | None = None
-    """This replica's name in the run registry; default ``<hostname>-<pid>``."""
+    """This replica's name in the run registry (Kubernetes: the pod's name). Default under
+    ``switchyard serve``: ``<hostname>-<hash of the data directory>``, the same after a
+    restart on the same data, so the restarted server ends the runs its predecessor left.
+    Two live processes cannot share one: the second stops at start naming it."""
     heartbeat_s: float = Field(default=2.0, gt=0, le=60)
     """How often a replica says it is alive (and looks for replicas that are not)."""
     lease_s: float = Field(default=10.0, gt=0, le=600)
