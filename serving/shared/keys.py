@@ -16,7 +16,16 @@ working alongside.
 
 The database unreachable: keys already loaded keep working; an unknown key gets 503
 naming the key store (never 401: the key may be valid); the outage is logged once, and
-its end once.
+its end once. Only a failed connection or query is an outage: lookups queueing for the
+store's one connection are not.
+
+Unknown keys cost a query each, before any rate limit, so their cost is bounded: the
+lookups run on a worker thread of the authenticator's own (not the event loop's default
+executor, which other work needs), concurrent lookups of one key share one query, at most
+``_LOOKUPS_MAX`` different keys wait for a lookup at once (more get 503 "busy" without
+marking an outage), and up to ``_NEGATIVE_MAX`` hashes found nowhere are remembered until
+the change counter moves. The connections use TCP keepalives and a connect timeout, so a
+database that vanished without closing them (a failover) is noticed in about 25 s.
 
 The first time a store is set up (the counter never moved) and ``<data_dir>/keys.yaml``
 holds keys, they are imported (logged); a table emptied later by revocations is never
@@ -29,9 +38,11 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -42,9 +53,20 @@ from serving.errors import ServingError
 if TYPE_CHECKING:
     from serving.settings import Settings
 
-__all__ = ["KEYS_TABLE", "PostgresKeyStore", "SharedAuthenticator", "SharedConnection", "open_authenticator", "open_key_store"]
+__all__ = [
+    "KEYS_TABLE",
+    "ConnectionBusyError",
+    "KeyStoreBusyError",
+    "PostgresKeyStore",
+    "SharedAuthenticator",
+    "SharedConnection",
+    "open_authenticator",
+    "open_key_store",
+]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 KEYS_TABLE = "switchyard_api_keys"
 
@@ -65,7 +87,29 @@ _SCHEMA_LOCK = 0x5357_4B45  # pg_advisory_xact_lock id: replicas starting togeth
 _BUMP = "UPDATE switchyard_api_keys_version SET version = version + 1 WHERE one RETURNING version"
 _NEGATIVE_MAX = 10_000
 """Unknown key hashes remembered (until the counter moves) so that a client sending bad
-keys does not cost a query each; beyond this many the memory is cleared."""
+keys does not cost a query each; beyond this many the oldest are forgotten."""
+_LOOKUPS_MAX = 32
+"""Different unknown keys waiting for a lookup at once; more get 503 (busy)."""
+_TCP = {
+    # Probe an idle connection after 10 s, every 5 s, 3 times: a peer gone without a FIN
+    # (a failed-over server, a dropped NAT entry) is found in ~25 s, not the kernel's hours.
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    # Data sent and not acknowledged for 25 s fails the connection (keepalives only
+    # probe an idle one; retransmissions would otherwise last ~15 min).
+    "tcp_user_timeout": 25_000,
+}
+
+
+class ConnectionBusyError(psycopg.OperationalError):
+    """The `SharedConnection` stayed in use by other calls for the whole timeout: the
+    database itself may be fine (not an outage)."""
+
+
+class KeyStoreBusyError(ServingError):
+    """503: the key store is busy with other lookups (not an outage); try again shortly."""
 
 
 class SharedConnection:
@@ -81,8 +125,9 @@ class SharedConnection:
     def __init__(self, dsn: str, *, timeout_s: float) -> None:
         """Args:
         dsn: the database.
-        timeout_s: the longest a call waits for the connection (to be free, or made),
-            and each statement's limit (``statement_timeout``).
+        timeout_s: the longest a call waits for the connection (to be free, or made:
+            ``connect_timeout``), and each statement's limit (``statement_timeout``).
+            The connection uses TCP keepalives (a dead peer is found in ~25 s).
         """
         self._dsn = dsn
         self._timeout_s = timeout_s
@@ -94,10 +139,11 @@ class SharedConnection:
         """The connection (autocommit, rows as dicts), for this thread alone.
 
         Raises:
-            psycopg.OperationalError: it cannot be had within the timeout.
+            ConnectionBusyError: other calls held it for the whole timeout.
+            psycopg.OperationalError: it cannot be made within the timeout.
         """
         if not self._lock.acquire(timeout=self._timeout_s):
-            raise psycopg.OperationalError(f"the connection was busy for more than {self._timeout_s:g} s")
+            raise ConnectionBusyError(f"the connection was busy for more than {self._timeout_s:g} s")
         try:
             if self._connection is None or self._connection.closed or self._connection.broken:
                 self._discard()
@@ -105,6 +151,7 @@ class SharedConnection:
                     self._dsn, autocommit=True, row_factory=dict_row,  # type: ignore[arg-type]
                     connect_timeout=max(1, round(self._timeout_s)),
                     options=f"-c statement_timeout={round(self._timeout_s * 1000)}",
+                    **_TCP,
                 )
             try:
                 yield self._connection
@@ -168,6 +215,8 @@ class PostgresKeyStore:
         try:
             with self._connection_of.use() as connection:
                 yield connection
+        except ConnectionBusyError as exc:
+            raise KeyStoreBusyError(503, f"{self.where} is busy ({exc}); try again shortly", retry_after_s=1) from None
         except psycopg.Error as exc:  # unreachable, timed out, or a write that failed: nothing changed
             raise self._unavailable(exc) from None
 
@@ -248,9 +297,15 @@ class SharedAuthenticator(Authenticator):
         self._reload_s = reload_s
         self._version = -1
         self._shared: dict[str, KeyRecord] = {}
-        self._unknown: set[str] = set()
+        self._unknown: OrderedDict[str, None] = OrderedDict()
+        """Hashes found nowhere at the current version, oldest first (`_NEGATIVE_MAX`)."""
+        self._lookups: dict[str, asyncio.Future[KeyRecord | None]] = {}
+        """Lookups under way, by hash: a second request with the same key waits for the first's."""
         self._down = False
         self._task: asyncio.Task[None] | None = None
+        # The store's calls, on a thread of their own: they wait on one connection, and a
+        # flood of unknown keys must not fill the loop's default executor (asyncio.to_thread).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="switchyard-keys")
         # The base class follows a keys file; here `refresh` is off and `_read` takes the
         # settings' keys alone (the shared ones are followed by `sync`), so no path is read.
         super().__init__(settings, Path("/nonexistent/keys.yaml"), enabled=enabled)
@@ -276,13 +331,19 @@ class SharedAuthenticator(Authenticator):
             self._down = False
             log.warning("%s answers again", self.store.where)
 
+    async def _call(self, function: Callable[..., _T], *args: Any) -> _T:
+        """``function(*args)`` on the store's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
     async def sync(self) -> bool:
         """Reload the shared keys if the change counter moved; False if the store could
         not be read (the keys loaded before stay in force)."""
         try:
-            version = await asyncio.to_thread(self.store.version)
+            version = await self._call(self.store.version)
             if version != self._version:
-                version, records = await asyncio.to_thread(self.store.snapshot)
+                version, records = await self._call(self.store.snapshot)
+        except KeyStoreBusyError:
+            return False  # the connection was in use all along: read again at the next poll
         except ServingError as exc:
             self._outage(exc)
             return False
@@ -318,7 +379,10 @@ class SharedAuthenticator(Authenticator):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await asyncio.to_thread(self.store.close)
+        try:
+            await self._call(self.store.close)
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def authenticate(self, authorization: str | None, api_key: str | None) -> Principal:
         """The caller; see the module docstring.
@@ -332,30 +396,59 @@ class SharedAuthenticator(Authenticator):
         digest = hash_key(self._presented(authorization, api_key))
         record = self._by_hash.get(digest) or self._shared.get(digest)
         if record is None and digest not in self._unknown:
-            unavailable = ServingError(
-                503, f"{self.store.where} cannot be reached, so this key cannot be checked now; try again shortly",
-                retry_after_s=self._reload_s,
-            )
-            if self._down:
-                # The follower probes the store every reload_s; until it answers, do not
-                # make each unknown key wait for a connection that will not come.
-                raise unavailable
-            try:
-                record = await asyncio.to_thread(self.store.find, digest)
-            except ServingError as exc:
-                self._outage(exc)
-                raise unavailable from None
-            self._recovered()
-            if record is not None and record.tenant in self._tenants:
-                self._shared[digest] = record
-            else:
-                record = None
-                if len(self._unknown) >= _NEGATIVE_MAX:
-                    self._unknown.clear()
-                self._unknown.add(digest)
+            record = await self._look_up(digest)
         if record is None:
             raise ServingError(401, "invalid API key")
         return self._principal(record)
+
+    async def _look_up(self, digest: str) -> KeyRecord | None:
+        """The stored key with this hash (None: there is none), one query per hash at a time.
+
+        Raises:
+            ServingError: 503 the store cannot be reached, or is busy with other lookups.
+        """
+        unavailable = ServingError(
+            503, f"{self.store.where} cannot be reached, so this key cannot be checked now; try again shortly",
+            retry_after_s=self._reload_s,
+        )
+        if self._down:
+            # The follower probes the store every reload_s; until it answers, do not
+            # make each unknown key wait for a connection that will not come.
+            raise unavailable
+        lookup = self._lookups.get(digest)
+        if lookup is None:
+            if len(self._lookups) >= _LOOKUPS_MAX:
+                raise KeyStoreBusyError(
+                    503, f"{self.store.where} is busy checking other keys; try again shortly", retry_after_s=1
+                )
+            lookup = asyncio.get_running_loop().run_in_executor(self._executor, self.store.find, digest)
+            self._lookups[digest] = lookup
+            version = self._version
+            lookup.add_done_callback(lambda done: self._looked_up(digest, version, done))
+        try:
+            # Shielded: a client that hangs up does not cancel the query others wait for.
+            record = await asyncio.shield(lookup)
+        except KeyStoreBusyError:
+            raise  # the connection was in use all along: not an outage
+        except ServingError as exc:
+            self._outage(exc)
+            raise unavailable from None
+        return record if record is not None and record.tenant in self._tenants else None
+
+    def _looked_up(self, digest: str, version: int, lookup: asyncio.Future[KeyRecord | None]) -> None:
+        """Remember what a lookup found (once, whoever still waits for it)."""
+        self._lookups.pop(digest, None)
+        if lookup.cancelled() or lookup.exception() is not None:
+            return
+        self._recovered()
+        record = lookup.result()
+        if record is not None and record.tenant in self._tenants:
+            self._shared[digest] = record
+        elif version == self._version:
+            # Not when the keys were reloaded meanwhile: a key created since is in them.
+            self._unknown[digest] = None
+            while len(self._unknown) > _NEGATIVE_MAX:
+                self._unknown.popitem(last=False)
 
 
 def open_key_store(settings: Settings) -> PostgresKeyStore:

@@ -26,8 +26,11 @@ import pytest
 import yaml
 from fastapi import FastAPI
 
+import serving.shared.keys as shared_keys
 from serving.app import create_app
-from serving.auth import hash_key
+from serving.auth import AuthSettings, KeyRecord, hash_key
+from serving.errors import ServingError
+from serving.shared.keys import KeyStoreBusyError, PostgresKeyStore, SharedAuthenticator, SharedConnection
 from serving.settings import load_settings
 from tests.conftest import REPO, SWITCHYARD, write_models_file
 from tests.replicas import create_key as replica_key
@@ -247,6 +250,121 @@ async def test_database_down_keeps_loaded_keys(
         await within(10, lambda: models(client, fresh), 200)
         assert await models(client, "sy-not-a-key") == 401
         assert await models(client, key) == 200
+
+
+class CountingKeyStore(PostgresKeyStore):
+    """The real store, counting its lookups (and able to make each one slow)."""
+
+    def __init__(self, *args: Any, delay_s: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.finds = 0
+        self.delay_s = delay_s
+
+    def find(self, sha256: str) -> KeyRecord | None:
+        self.finds += 1
+        time.sleep(self.delay_s)
+        return super().find(sha256)
+
+
+@asynccontextmanager
+async def authenticator(store: PostgresKeyStore) -> AsyncIterator[SharedAuthenticator]:
+    store.open()
+    auth = SharedAuthenticator(AuthSettings(tenants=TENANTS), store, reload_s=RELOAD_S)
+    await auth.start()
+    try:
+        yield auth
+    finally:
+        await auth.aclose()
+
+
+async def _status(auth: SharedAuthenticator, key: str) -> int:
+    try:
+        await auth.authenticate(None, key)
+    except ServingError as exc:
+        return exc.status
+    return 200
+
+
+async def test_unknown_keys_cost_one_query_each_and_never_an_outage(postgres_dsn: str) -> None:
+    """200 requests at once with one unknown key make one query; a flood of different
+    unknown keys gets 401 or 503 busy, never marks the store down, and leaves the loop's
+    default executor free; a key created meanwhile works at once after it."""
+    store = CountingKeyStore(postgres_dsn, TENANTS, delay_s=0.01)
+    async with authenticator(store) as auth:
+        assert await asyncio.gather(*(_status(auth, "sy-unknown") for _ in range(200))) == [401] * 200
+        assert store.finds == 1
+        assert await _status(auth, "sy-unknown") == 401 and store.finds == 1  # remembered
+
+        flood = asyncio.gather(*(_status(auth, f"sy-flood-{i}") for i in range(300)))
+        started = time.monotonic()
+        assert await asyncio.to_thread(lambda: 42) == 42  # the default executor is not queued behind the lookups
+        assert time.monotonic() - started < 0.5
+        statuses = await flood
+        assert set(statuses) <= {401, 503} and statuses.count(401) >= 32, sorted(set(statuses))
+        assert store.finds <= 1 + 300 and not auth._down
+        key, _ = await asyncio.to_thread(store.create, "acme")
+        assert await _status(auth, key) == 200
+
+
+async def test_a_busy_connection_is_not_an_outage(postgres_dsn: str) -> None:
+    """Lookups that wait longer than the timeout for the store's one connection (held by
+    another call) get 503 "busy", and the store is not marked down: once free, an
+    unknown key is looked up again (401, or 200 for a new key)."""
+    store = PostgresKeyStore(postgres_dsn, TENANTS, timeout_s=0.3)
+    async with authenticator(store) as auth:
+        held, release = asyncio.Event(), asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def hold() -> None:
+            with store._connection_of.use():  # another call (an admin's create, a poll) in progress
+                loop.call_soon_threadsafe(held.set)
+                asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+
+        holder = asyncio.create_task(asyncio.to_thread(hold))
+        await held.wait()
+        try:
+            with pytest.raises(KeyStoreBusyError) as busy:
+                await auth.authenticate(None, "sy-while-busy")
+            assert busy.value.status == 503 and "busy" in str(busy.value)
+            assert not auth._down
+        finally:
+            release.set()
+            await holder
+        assert await _status(auth, "sy-while-busy") == 401
+        key, _ = await asyncio.to_thread(store.create, "acme")
+        assert await _status(auth, key) == 200
+
+
+async def test_the_memory_of_unknown_keys_is_bounded(postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_keys, "_NEGATIVE_MAX", 5)
+    async with authenticator(PostgresKeyStore(postgres_dsn, TENANTS)) as auth:
+        for i in range(12):
+            assert await _status(auth, f"sy-unknown-{i}") == 401
+        assert list(auth._unknown) == [hash_key(f"sy-unknown-{i}") for i in range(7, 12)]  # the newest
+
+
+async def test_a_stored_key_of_a_tenant_this_replica_lacks_is_401(postgres_dsn: str) -> None:
+    async with authenticator(PostgresKeyStore(postgres_dsn, TENANTS)) as auth:
+        with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+            connection.execute(
+                "INSERT INTO switchyard_api_keys (id, tenant, sha256, created_at) VALUES ('ghost1', 'ghost', %s, '')",
+                (hash_key("sy-ghost"),),
+            )
+        assert await _status(auth, "sy-ghost") == 401
+
+
+def test_connections_use_tcp_keepalives(postgres_dsn: str) -> None:
+    """A server gone without closing the connection (a failover) is noticed by the
+    keys' and promotions' connections within seconds, not the kernel's ~15 min."""
+    connection = SharedConnection(postgres_dsn, timeout_s=2)
+    try:
+        with connection.use() as open_connection:
+            parameters = open_connection.info.get_parameters()
+        expected = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3",
+                    "connect_timeout": "2", "tcp_user_timeout": "25000"}
+        assert {k: parameters.get(k) for k in expected} == expected, parameters
+    finally:
+        connection.close()
 
 
 async def test_keys_file_is_imported_once(tmp_path: Path, postgres_dsn: str, fake_backend_url: str) -> None:
