@@ -34,7 +34,7 @@ import secrets
 import tempfile
 import time
 from contextlib import contextmanager
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +58,7 @@ __all__ = [
     "load_keys",
     "new_key",
     "revoke_key",
+    "without_settings_ids",
 ]
 
 log = logging.getLogger(__name__)
@@ -204,8 +205,11 @@ def _write_keys(path: Path, records: list[KeyRecord]) -> None:
         raise
 
 
-def new_key(tenant: str, tenants: Mapping[str, TenantSettings]) -> tuple[str, KeyRecord]:
+def new_key(tenant: str, tenants: Mapping[str, TenantSettings], *, taken: Collection[str] = ()) -> tuple[str, KeyRecord]:
     """A new random key for ``tenant`` and its record (nothing stored yet).
+
+    Args:
+        taken: key ids in use (stored keys, the settings' keys): the new id is none of them.
 
     Raises:
         ServingError: 400 when the tenant is not configured (naming the ones that are).
@@ -213,14 +217,22 @@ def new_key(tenant: str, tenants: Mapping[str, TenantSettings]) -> tuple[str, Ke
     if tenant not in tenants:
         raise ServingError(400, f"unknown tenant {tenant!r}; configured: {', '.join(sorted(tenants)) or 'none'}")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    record = KeyRecord(
-        id=secrets.token_hex(4), tenant=tenant, sha256=hash_key(key), created_at=datetime.now(UTC).isoformat()
-    )
+    # 32 bits: short enough to read in logs; a clash with an id in use is drawn again
+    # (an id names one key in audits, revocations and its rate-limit bucket).
+    key_id = secrets.token_hex(4)
+    while key_id in taken:
+        key_id = secrets.token_hex(4)
+    record = KeyRecord(id=key_id, tenant=tenant, sha256=hash_key(key), created_at=datetime.now(UTC).isoformat())
     return key, record
 
 
-def create_key(path: Path, tenant: str, tenants: Mapping[str, TenantSettings]) -> tuple[str, KeyRecord]:
+def create_key(
+    path: Path, tenant: str, tenants: Mapping[str, TenantSettings], *, reserved: Collection[str] = ()
+) -> tuple[str, KeyRecord]:
     """Make a new key for ``tenant`` and append its hash to the keys file.
+
+    Args:
+        reserved: ids the new key may not have besides the file's (the settings' keys).
 
     Returns:
         The key (shown once, never stored) and its record.
@@ -228,9 +240,10 @@ def create_key(path: Path, tenant: str, tenants: Mapping[str, TenantSettings]) -
     Raises:
         ServingError: the tenant is not configured.
     """
-    key, record = new_key(tenant, tenants)
     with _locked(path):
-        _write_keys(path, [*load_keys(path), record])
+        records = load_keys(path)
+        key, record = new_key(tenant, tenants, taken={*reserved, *(r.id for r in records)})
+        _write_keys(path, [*records, record])
     return key, record
 
 
@@ -289,19 +302,35 @@ class FileKeyStore:
 
     path: Path
     tenants: Mapping[str, TenantSettings]
+    reserved: frozenset[str] = frozenset()
+    """Ids a new key may not have (the settings' keys, ``auth.keys``)."""
 
     @property
     def where(self) -> str:
         return str(self.path)
 
     def create(self, tenant: str) -> tuple[str, KeyRecord]:
-        return create_key(self.path, tenant, self.tenants)
+        return create_key(self.path, tenant, self.tenants, reserved=self.reserved)
 
     def list(self) -> list[KeyRecord]:
         return load_keys(self.path)
 
     def revoke(self, key_id: str) -> KeyRecord:
         return revoke_key(self.path, key_id)
+
+
+def without_settings_ids(records: list[KeyRecord], settings_keys: Collection[KeyRecord], where: str) -> dict[str, KeyRecord]:
+    """``records`` by hash, less those with the id of another key in the settings (logged
+    as errors): an id names one key in audits and one rate-limit bucket, and the
+    settings' key keeps it."""
+    configured = {r.id: r.sha256 for r in settings_keys}
+    kept: dict[str, KeyRecord] = {}
+    for record in records:
+        if configured.get(record.id, record.sha256) != record.sha256:
+            log.error("key %s in %s has the id of another key in auth.keys: refused", record.id, where)
+            continue
+        kept[record.sha256] = record
+    return kept
 
 
 _FileStamp = tuple[int, int, int, int] | None
@@ -328,7 +357,7 @@ class Authenticator:
         self._keys_file = keys_file
         self._clock = clock
         self._interval_s = settings.keys_reload_s
-        self.key_store: KeyStore = FileKeyStore(keys_file, settings.tenants)
+        self.key_store: KeyStore = FileKeyStore(keys_file, settings.tenants, frozenset(r.id for r in settings.keys))
         """Where ``/admin/keys`` creates, lists and revokes keys."""
         self._stamp: _FileStamp = _stamp(keys_file)
         self._checked_at = clock()
@@ -340,7 +369,8 @@ class Authenticator:
         self._dev = Principal(tenant=DEV_TENANT, key_id="-", settings=TenantSettings(limits=unlimited, admin=True))
 
     def _read(self) -> dict[str, KeyRecord]:
-        by_hash = {r.sha256: r for r in [*self._settings.keys, *load_keys(self._keys_file)]}
+        by_hash = {r.sha256: r for r in self._settings.keys}
+        by_hash.update(without_settings_ids(load_keys(self._keys_file), self._settings.keys, str(self._keys_file)))
         for record in by_hash.values():
             if record.tenant not in self._tenants:
                 raise ServingError(500, f"key {record.id} names unknown tenant {record.tenant!r}")

@@ -47,7 +47,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from serving.auth import AuthSettings, Authenticator, KeyRecord, Principal, TenantSettings, hash_key, load_keys, new_key
+from serving.auth import (
+    AuthSettings,
+    Authenticator,
+    KeyRecord,
+    Principal,
+    TenantSettings,
+    hash_key,
+    load_keys,
+    new_key,
+    without_settings_ids,
+)
 from serving.errors import ServingError
 
 if TYPE_CHECKING:
@@ -88,6 +98,8 @@ _BUMP = "UPDATE switchyard_api_keys_version SET version = version + 1 WHERE one 
 _NEGATIVE_MAX = 10_000
 """Unknown key hashes remembered (until the counter moves) so that a client sending bad
 keys does not cost a query each; beyond this many the oldest are forgotten."""
+_CREATE_ATTEMPTS = 5
+"""Random ids tried when a new key's id is already stored (one in 2^32 per stored key)."""
 _LOOKUPS_MAX = 32
 """Different unknown keys waiting for a lookup at once; more get 503 (busy)."""
 _TCP = {
@@ -185,8 +197,17 @@ class PostgresKeyStore:
     naming the key store (nothing changed); a call waits at most ``timeout_s``.
     """
 
-    def __init__(self, dsn: str, tenants: Mapping[str, TenantSettings], *, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, dsn: str, tenants: Mapping[str, TenantSettings], *, timeout_s: float = 2.0, reserved: frozenset[str] = frozenset()
+    ) -> None:
+        """Args:
+        dsn: the shared database.
+        tenants: the configured tenants (a key of another is refused at creation).
+        timeout_s: the longest a call waits for the connection, and each statement's limit.
+        reserved: ids a new key may not have (the settings' keys, ``auth.keys``).
+        """
         self.tenants = tenants
+        self.reserved = reserved
         self.where = f"the shared key store (PostgreSQL table {KEYS_TABLE})"
         self._connection_of = SharedConnection(dsn, timeout_s=timeout_s)
 
@@ -244,14 +265,20 @@ class PostgresKeyStore:
                     len(kept), import_file, self.where)
 
     def create(self, tenant: str) -> tuple[str, KeyRecord]:
-        key, record = new_key(tenant, self.tenants)
-        with self._connection() as connection, connection.transaction():
-            connection.execute(
-                "INSERT INTO switchyard_api_keys (id, tenant, sha256, created_at) VALUES (%s, %s, %s, %s)",
-                (record.id, record.tenant, record.sha256, record.created_at),
-            )
-            connection.execute(_BUMP)
-        return key, record
+        with self._connection() as connection:
+            for _ in range(_CREATE_ATTEMPTS):
+                key, record = new_key(tenant, self.tenants, taken=self.reserved)
+                try:
+                    with connection.transaction():
+                        connection.execute(
+                            "INSERT INTO switchyard_api_keys (id, tenant, sha256, created_at) VALUES (%s, %s, %s, %s)",
+                            (record.id, record.tenant, record.sha256, record.created_at),
+                        )
+                        connection.execute(_BUMP)
+                except psycopg.errors.UniqueViolation:
+                    continue  # a stored key has this (random, 32-bit) id: draw another
+                return key, record
+        raise ServingError(500, f"no free key id in {self.where} after {_CREATE_ATTEMPTS} random draws")
 
     def list(self) -> list[KeyRecord]:
         with self._connection() as connection:
@@ -349,8 +376,9 @@ class SharedAuthenticator(Authenticator):
             return False
         self._recovered()
         if version != self._version:
-            known = {r.sha256: r for r in records if r.tenant in self._tenants}
-            skipped = len(records) - len(known)
+            unclashed = without_settings_ids(records, self._settings.keys, self.store.where)
+            known = {digest: r for digest, r in unclashed.items() if r.tenant in self._tenants}
+            skipped = len(unclashed) - len(known)
             if skipped:
                 log.error("%d shared key(s) name tenants this replica does not have: refused", skipped)
             if self._version >= 0:
@@ -433,7 +461,12 @@ class SharedAuthenticator(Authenticator):
         except ServingError as exc:
             self._outage(exc)
             raise unavailable from None
-        return record if record is not None and record.tenant in self._tenants else None
+        return record if record is not None and self._usable(record) else None
+
+    def _usable(self, record: KeyRecord) -> bool:
+        """Whether a stored key found by a lookup may be used here: its tenant is
+        configured, and its id is not a settings key's (logged)."""
+        return record.tenant in self._tenants and bool(without_settings_ids([record], self._settings.keys, self.store.where))
 
     def _looked_up(self, digest: str, version: int, lookup: asyncio.Future[KeyRecord | None]) -> None:
         """Remember what a lookup found (once, whoever still waits for it)."""
@@ -442,7 +475,7 @@ class SharedAuthenticator(Authenticator):
             return
         self._recovered()
         record = lookup.result()
-        if record is not None and record.tenant in self._tenants:
+        if record is not None and self._usable(record):
             self._shared[digest] = record
         elif version == self._version:
             # Not when the keys were reloaded meanwhile: a key created since is in them.
@@ -459,7 +492,9 @@ def open_key_store(settings: Settings) -> PostgresKeyStore:
         ServingError: 503 the database cannot be reached.
     """
     assert settings.shared_dsn is not None
-    store = PostgresKeyStore(settings.shared_dsn, settings.auth.tenants)
+    store = PostgresKeyStore(
+        settings.shared_dsn, settings.auth.tenants, reserved=frozenset(r.id for r in settings.auth.keys)
+    )
     store.open(import_file=settings.keys_file)
     return store
 

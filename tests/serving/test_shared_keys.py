@@ -26,6 +26,7 @@ import pytest
 import yaml
 from fastapi import FastAPI
 
+import serving.auth
 import serving.shared.keys as shared_keys
 from serving.app import create_app
 from serving.auth import AuthSettings, KeyRecord, hash_key
@@ -46,6 +47,7 @@ TENANTS = {
     "acme": {"limits": {"requests_per_s": 1000, "burst": 1000}},
     "ops": {"admin": True, "limits": {"requests_per_s": 1000, "burst": 1000}},
 }
+TENANTS_SETTINGS = AuthSettings(tenants=TENANTS).tenants
 
 
 def shared_config(
@@ -351,6 +353,74 @@ async def test_a_stored_key_of_a_tenant_this_replica_lacks_is_401(postgres_dsn: 
                 (hash_key("sy-ghost"),),
             )
         assert await _status(auth, "sy-ghost") == 401
+
+
+def _draws(monkeypatch: pytest.MonkeyPatch, *ids: str) -> None:
+    """The next key ids `serving.auth.new_key` draws (then random ones again)."""
+    queue = list(ids)
+    real = serving.auth.secrets.token_hex
+    monkeypatch.setattr(serving.auth.secrets, "token_hex", lambda n=None: queue.pop(0) if queue else real(n))
+
+
+def test_a_new_key_never_takes_an_id_in_use(postgres_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drawn id that a stored key has (unique violation) or a settings key has is drawn
+    again, in the database and in the keys file; the key is created, not a 503."""
+    store = PostgresKeyStore(postgres_dsn, TENANTS, reserved=frozenset({"cafe0001"}))
+    store.open()
+    try:
+        _draws(monkeypatch, "dead0001")
+        _, first = store.create("acme")
+        _draws(monkeypatch, "dead0001", "cafe0001", "beef0002")
+        key, second = store.create("acme")
+        assert (first.id, second.id) == ("dead0001", "beef0002")
+        assert [r.id for r in store.list()] == ["dead0001", "beef0002"]
+        assert store.find(hash_key(key)) == second
+    finally:
+        store.close()
+    keys_file = tmp_path / "keys.yaml"
+    _draws(monkeypatch, "dead0001")
+    serving.auth.create_key(keys_file, "acme", TENANTS_SETTINGS)
+    _draws(monkeypatch, "dead0001", "cafe0001", "beef0002")
+    _, record = serving.auth.create_key(keys_file, "acme", TENANTS_SETTINGS, reserved={"cafe0001"})
+    assert record.id == "beef0002"
+
+
+async def test_a_stored_key_with_a_settings_key_id_is_refused(postgres_dsn: str, tmp_path: Path) -> None:
+    """A stored key (or a keys-file key) with the id of a settings key would share its
+    rate-limit bucket and audit name: refused (401), the settings key keeps working."""
+    settings_key = KeyRecord(id="prometheus", tenant="acme", sha256=hash_key("sy-settings"))
+    settings = AuthSettings(tenants=TENANTS, keys=(settings_key,))
+    setup = PostgresKeyStore(postgres_dsn, TENANTS)
+    setup.open()  # the tables
+    setup.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO switchyard_api_keys (id, tenant, sha256, created_at) VALUES ('prometheus', 'acme', %s, '')",
+            (hash_key("sy-stored-early"),),
+        )
+    store = PostgresKeyStore(postgres_dsn, TENANTS)
+    store.open()
+    auth = SharedAuthenticator(settings, store, reload_s=RELOAD_S)
+    await auth.start()
+    try:
+        assert await _status(auth, "sy-settings") == 200
+        assert await _status(auth, "sy-stored-early") == 401  # loaded at start: left out
+        with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+            connection.execute("DELETE FROM switchyard_api_keys")
+            connection.execute(
+                "INSERT INTO switchyard_api_keys (id, tenant, sha256, created_at) VALUES ('prometheus', 'acme', %s, '')",
+                (hash_key("sy-stored-late"),),
+            )
+        assert await _status(auth, "sy-stored-late") == 401  # looked up: refused too
+    finally:
+        await auth.aclose()
+    keys_file = tmp_path / "keys.yaml"
+    keys_file.write_text(yaml.safe_dump([{"id": "prometheus", "tenant": "acme", "sha256": hash_key("sy-file")}]))
+    file_auth = serving.auth.Authenticator(settings, keys_file, enabled=True)
+    assert (await file_auth.authenticate(None, "sy-settings")).key_id == "prometheus"
+    with pytest.raises(ServingError) as refused:
+        await file_auth.authenticate(None, "sy-file")
+    assert refused.value.status == 401
 
 
 def test_connections_use_tcp_keepalives(postgres_dsn: str) -> None:
