@@ -12,9 +12,9 @@ finds an idle bucket full before it would have refilled.
 
 At most ``max_connections`` (64) checks talk to Redis at once; more wait for a
 connection (within ``timeout_s``) instead of failing: a burst of requests is not an
-outage. One that still found no free connection within ``timeout_s`` (Redis answers, but
-slower than the requests come) is checked against this replica's own bucket, without
-counting a store error.
+outage. One that found no free connection in time, or too late for Redis to answer
+within ``timeout_s`` (Redis answers, but slower than the requests come), is checked
+against this replica's own bucket, without counting a store error.
 
 Redis unreachable, failing or slower than ``timeout_s`` (0.25 s): the request is
 checked against this replica's own bucket (`serving.limits.RateLimiter`) instead, the
@@ -148,19 +148,21 @@ class RedisRateLimiter:
         limits = principal.settings.limits
         ttl_ms = min(_MAX_TTL_MS, math.ceil(limits.burst / limits.requests_per_s * 1000) + 1000)
         has_turn = False
+        turn_at = 0.0
         try:
             async with asyncio.timeout(self._timeout_s):
                 await self._turns.acquire()
-                has_turn = True
+                has_turn, turn_at = True, time.monotonic()
                 allowed, wait = await self._script(
                     keys=[KEY_PREFIX + principal.key_id], args=[limits.burst, repr(limits.requests_per_s), ttl_ms]
                 )
         except (RedisError, OSError, TimeoutError, NoScriptError) as exc:
-            if has_turn:
-                self._failed(exc, time.monotonic())
+            now = time.monotonic()
+            if has_turn and not (isinstance(exc, TimeoutError) and now - turn_at < self._timeout_s / 2):
+                self._failed(exc, now)
             else:
-                # Waited its whole timeout for a turn: Redis answers (the checks ahead
-                # are being served), just not this fast; not an outage.
+                # Waited (most of) its timeout for a turn, so Redis had no fair chance to
+                # answer: it serves the checks ahead, just not this fast; not an outage.
                 log.debug("rate-limit store %s busy: this check used the local bucket", self.safe_url())
             self.fallback.take(principal)
             return
