@@ -23,7 +23,10 @@ Guarantees and how they are kept:
 - A run's row exists before the request that started it answers (the insert is
   awaited inside `serving.runs.RunHost.open`, with status ``running``). Later writes
   (background, frames, the end) go through one ordered writer task: a failure is logged and never
-  breaks the run; frames are written before the end that follows them.
+  breaks the run; frames are written before the end that follows them. An end (or delete)
+  that fails is tried again a few times; one lost for good, or the row of an admission
+  whose reply was lost after its insert committed, is ended by the owner's heartbeat
+  (its active rows with no run behind them), so no row holds a thread for ever.
 - Wake-ups ride on one ``LISTEN switchyard_runs`` connection (reconnecting):
   ``f:<run_id>`` new frames, ``e:<run_id>`` a run ended, ``c:<run_id>`` a cancel was
   requested. Every wait also polls each ``state.heartbeat_s``, so a lost notification
@@ -137,6 +140,8 @@ _SCHEMA = (
 )
 _FOLLOW_PAGE = 500
 """Frames a follower reads per query."""
+_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+"""Waits between the tries of a run's end (or delete) write."""
 _SCHEMA_LOCK = 0x5357_5255_4E53  # pg_advisory_xact_lock key: two replicas starting at once
 
 _COLUMNS = (
@@ -298,6 +303,8 @@ class RunBoard:
         self._id_lock: AsyncConnection[Any] | None = None
         """The connection holding this replica's id lock (see the module docstring)."""
         self._id_taken = False
+        self._admitting: set[str] = set()
+        """Runs whose admission (the row's insert) is under way here."""
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -327,6 +334,8 @@ class RunBoard:
                 "options": "-c statement_timeout=15000",
             },
             timeout=10,
+            # A connection the server dropped (a restart) is found before it is lent.
+            check=AsyncConnectionPool.check_connection,
             open=False,
         )
         await pool.open(wait=True, timeout=10)
@@ -462,6 +471,21 @@ class RunBoard:
             "multitask_strategy": record.multitask_strategy, "created_at": record.created_at,
             "updated_at": _now(), "replica_id": self.replica_id,
         }
+        self._admitting.add(record.run_id)
+        try:
+            await self._admit(record, row, until)
+        except BoardUnavailableError:
+            # The insert may have committed with its reply lost: the row would hold the
+            # thread with no run behind it. Its end is queued (a no-op if no row).
+            self._put(_Op("end", record.run_id, {
+                "status": "error", "updated_at": _now(), "metadata": Jsonb(record.metadata),
+                "error": "the run was not admitted: the shared run board did not answer",
+            }))
+            raise
+        finally:
+            self._admitting.discard(record.run_id)
+
+    async def _admit(self, record: RunRecord, row: dict[str, Any], until: float | None) -> None:
         asked: set[str] = set()
         own_ended: set[str] = set()
         while True:
@@ -502,17 +526,20 @@ class RunBoard:
                 raise ServingError(409, f"thread {record.thread_id!r} is still busy with run {other.run_id}")
 
     async def _end_stale(self, run_id: str) -> None:
-        """End a row of this replica's whose run has ended here but whose end was not
-        written (the write failed): as the local record says, else ``error``."""
+        """End a row of this replica's whose run has ended here (or never ran: its
+        admission failed after the insert) but whose end was not written: as the local
+        record says, else ``error``."""
         local = self._registry.lookup(run_id) if self._registry is not None else None
         status = local.status if local is not None and local.done else "error"
+        error = None if status != "error" else "the run ended on this replica but its end was not recorded in time"
         log.warning("run board: run %s had ended here but not on the board; now %s", run_id, status)
-        async with self._connection() as connection:
+        async with self._connection() as connection, connection.transaction():
             await connection.execute(
-                "UPDATE switchyard_runs SET status = %s, updated_at = %s, ended_at = now() "
+                "UPDATE switchyard_runs SET status = %s, error = coalesce(error, %s), updated_at = %s, ended_at = now() "
                 "WHERE run_id = %s AND replica_id = %s AND status IN ('pending', 'running')",
-                (status, _now(), run_id, self.replica_id),
+                (status, error, _now(), run_id, self.replica_id),
             )
+            await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"e:{run_id}"))
 
     # ---- writes (ordered, from the writer task) --------------------------------------
 
@@ -610,12 +637,29 @@ class RunBoard:
                         break
                     batch.append(self._ops.get_nowait())  # type: ignore[arg-type]
             try:
-                await self._write(batch)
+                await self._write_retrying(batch)
             except Exception as exc:  # boundary: a write failure never breaks the run
                 log.warning("run board: %s of run %s not written: %r", op.kind, op.run_id, exc)
             finally:
                 for item in batch:
                     self._done_op(item.run_id)
+
+    async def _write_retrying(self, batch: list[_Op]) -> None:
+        """`_write`, tried again a few times (a database restart) for what must not be
+        lost: an end left unwritten holds the thread on every replica until the owner's
+        poll finds it (`_poll_own`). Frames are tried once (a backlog must not grow)."""
+        delays = () if batch[0].kind == "frame" else _RETRY_DELAYS
+        for delay in delays:
+            try:
+                await self._write(batch)
+                return
+            except (psycopg.Error, PoolTimeout) as exc:
+                if self._closed:
+                    raise
+                log.warning("run board: %s of run %s failed (%r); trying again in %.1fs", batch[0].kind,
+                            batch[0].run_id, exc, delay)
+                await asyncio.sleep(delay)
+        await self._write(batch)
 
     async def _write(self, batch: list[_Op]) -> None:
         op = batch[0]
@@ -645,9 +689,9 @@ class RunBoard:
                     # Not over a sweeper's verdict: a run ended as dead stays ended so.
                     await connection.execute(
                         "UPDATE switchyard_runs SET status = %(status)s, updated_at = %(updated_at)s, "
-                        "metadata = %(metadata)s, ended_at = now() "
+                        "metadata = %(metadata)s, error = coalesce(error, %(error)s), ended_at = now() "
                         "WHERE run_id = %(run_id)s AND status IN ('pending', 'running')",
-                        {**op.args, "run_id": op.run_id},
+                        {"error": None, **op.args, "run_id": op.run_id},
                     )
                     await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"e:{op.run_id}"))
             elif op.kind == "delete":
@@ -887,21 +931,45 @@ class RunBoard:
         if registry is None:
             return
         local = registry.running_ids()
-        if not local:
-            return
+        if local:
+            async with self._pool.connection() as connection:
+                rows = await (
+                    await connection.execute(
+                        "SELECT run_id, status, cancel_reason, error FROM switchyard_runs WHERE run_id = ANY(%s) "
+                        "AND (cancel_reason IS NOT NULL OR status NOT IN ('pending', 'running'))",
+                        (local,),
+                    )
+                ).fetchall()
+            for row in rows:
+                if row["status"] in ACTIVE:
+                    self._cancel_local(row["run_id"], row["cancel_reason"])
+                else:
+                    self._cancel_local(row["run_id"], row["error"] or "the run was ended by another replica")
+        await self._end_orphans()
+
+    def _busy_here(self, run_id: str) -> bool:
+        """The run is running here, being admitted, or has writes still queued."""
+        record = self._registry.lookup(run_id) if self._registry is not None else None
+        return (
+            (record is not None and not record.done) or run_id in self._admitting
+            or bool(self._pending.get(run_id)) or run_id in self._held_ends
+        )
+
+    async def _end_orphans(self) -> None:
+        """End this replica's active rows with no run behind them: an end write that
+        failed for good, an admission whose insert committed but whose reply was lost.
+        Without this such a row holds its thread on every replica for ever (the owner
+        is alive, so no sweeper ends it)."""
         async with self._pool.connection() as connection:
             rows = await (
                 await connection.execute(
-                    "SELECT run_id, status, cancel_reason, error FROM switchyard_runs WHERE run_id = ANY(%s) "
-                    "AND (cancel_reason IS NOT NULL OR status NOT IN ('pending', 'running'))",
-                    (local,),
+                    "SELECT run_id FROM switchyard_runs WHERE replica_id = %s AND status IN ('pending', 'running')",
+                    (self.replica_id,),
                 )
             ).fetchall()
         for row in rows:
-            if row["status"] in ACTIVE:
-                self._cancel_local(row["run_id"], row["cancel_reason"])
-            else:
-                self._cancel_local(row["run_id"], row["error"] or "the run was ended by another replica")
+            if not self._busy_here(row["run_id"]):  # checked after the read: nothing awaited since
+                await self._end_stale(row["run_id"])
 
     async def sweep(self, *, own: bool = False) -> int:
         """End the active runs of dead replicas (``own``: this replica's leftovers from

@@ -81,10 +81,12 @@ async def test_enqueue_waits_for_the_other_replicas_run_and_a_cancelled_wait_lea
     boards: Open, postgres_dsn: str
 ) -> None:
     x, y = await boards("X"), await boards("Y")
-    await x.start(RunRegistry(board=x))
+    on_x = RunRegistry(board=x)
+    await x.start(on_x)
     await y.start(RunRegistry(board=y))
     thread = str(uuid.uuid4())
     holder = _record(thread)
+    on_x.add(holder)  # running on X (a row with no run behind it is ended by X's poll)
     await x.admit(holder, deadline_s=5)
     waiting = _record(thread, "enqueue")
     task = asyncio.get_running_loop().create_task(y.admit(waiting, deadline_s=10))
@@ -328,3 +330,69 @@ async def test_the_id_lock_is_taken_again_after_its_connection_is_lost(boards: O
     assert board._id_lock is not None and board._id_lock.info.backend_pid != pid
     with pytest.raises(ReplicaIdInUseError):
         await boards("kept", heartbeat_s=5, lease_s=60)
+
+
+async def _terminate_all(dsn: str) -> None:
+    """As a PostgreSQL restart: every other connection to the database is dropped."""
+    await _rows(
+        dsn,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()",
+    )
+
+
+async def _status_within(dsn: str, run_id: str, seconds: float, wanted: str) -> object:
+    status: object = None
+    for _ in range(int(seconds / 0.1)):
+        rows = await _rows(dsn, "SELECT status FROM switchyard_runs WHERE run_id = %s", run_id)
+        status = rows[0][0] if rows else None
+        if status == wanted:
+            break
+        await asyncio.sleep(0.1)
+    return status
+
+
+async def test_an_end_written_while_the_database_restarts_still_reaches_the_board(
+    boards: Open, postgres_dsn: str
+) -> None:
+    """The end write failed on a dropped connection: it is tried again (and the owner's
+    poll ends such a row), so the thread takes a run on another replica. It stayed
+    ``running`` for ever (the owner is alive: no sweeper ends it)."""
+    x, y = await boards("X", heartbeat_s=0.3), await boards("Y", heartbeat_s=0.3)
+    on_x = RunRegistry(board=x)
+    await x.start(on_x)
+    await y.start(RunRegistry(board=y))
+    thread = str(uuid.uuid4())
+    holder = _record(thread)
+    on_x.add(holder)
+    await x.admit(holder, deadline_s=5)
+    holder.set_status("running")
+    await _terminate_all(postgres_dsn)
+    on_x.ended(holder)
+    holder.finish("success")
+    x.ended(holder)
+    assert await _status_within(postgres_dsn, holder.run_id, 5, "success") == "success"
+    await y.admit(_record(thread), deadline_s=2)
+
+
+async def test_an_active_row_of_this_replica_with_no_run_behind_it_is_ended_by_its_poll(
+    boards: Open, postgres_dsn: str
+) -> None:
+    """An admission whose insert committed but whose reply was lost (503 to the client)
+    leaves a row with no run: the owner's heartbeat ends it and the thread is free."""
+    x, y = await boards("X", heartbeat_s=0.2), await boards("Y", heartbeat_s=0.2)
+    on_x = RunRegistry(board=x)
+    await x.start(on_x)
+    await y.start(RunRegistry(board=y))
+    thread, kept_thread = str(uuid.uuid4()), str(uuid.uuid4())
+    orphan, kept = _record(thread), _record(kept_thread)
+    on_x.add(kept)
+    await x.admit(kept, deadline_s=5)
+    await x.admit(orphan, deadline_s=5)  # never registered here: nothing runs it
+    assert await _status_within(postgres_dsn, orphan.run_id, 3, "error") == "error"
+    error = await _rows(postgres_dsn, "SELECT error FROM switchyard_runs WHERE run_id = %s", orphan.run_id)
+    assert "not recorded" in error[0][0]
+    await y.admit(_record(thread), deadline_s=2)
+    # A run that is running here keeps its row.
+    assert (await y.active_on(kept_thread)).run_id == kept.run_id  # type: ignore[union-attr]
+
