@@ -447,7 +447,10 @@ keys_app = typer.Typer(
 def _key_store(settings: Settings) -> Iterator[KeyStore]:
     """The keys file, or the shared key store (PostgreSQL) when ``settings.shared_dsn`` is set."""
     if settings.shared_dsn is None:
-        yield FileKeyStore(settings.keys_file, settings.auth.tenants)
+        # The settings' keys' ids are never drawn for a new key (they would share its bucket).
+        yield FileKeyStore(
+            settings.keys_file, settings.auth.tenants, reserved=frozenset(r.id for r in settings.auth.keys)
+        )
         return
     store = open_key_store(settings)
     try:
