@@ -36,7 +36,10 @@ Guarantees and how they are kept:
   dead; any other replica's sweeper ends its active runs (``error``, saying which
   replica stopped), appends an ``error`` frame for followers, sets the thread's status
   as a cancelled run's would be, and counts ``switchyard_replica_runs_reaped_total``.
-  ``FOR UPDATE SKIP LOCKED`` makes one sweeper win each run.
+  ``FOR UPDATE SKIP LOCKED`` makes one sweeper win each run; a batch is ended in one
+  short transaction, committed before the threads' statuses are set. The heartbeat runs
+  in a task of its own on the id lock's connection (not the pool), so a slow sweep or
+  poll never makes a live replica look dead.
 - A replica that starts under the id of one that died ends that one's runs first
   (`RunBoard.start`, before the server takes requests); one that stops cleanly ends its
   runs as a single replica does, flushes its writes and removes its replica row.
@@ -140,6 +143,8 @@ _SCHEMA = (
 )
 _FOLLOW_PAGE = 500
 """Frames a follower reads per query."""
+_SWEEP_BATCH = 100
+"""Runs a sweeper ends per transaction."""
 _RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
 """Waits between the tries of a run's end (or delete) write."""
 _SCHEMA_LOCK = 0x5357_5255_4E53  # pg_advisory_xact_lock key: two replicas starting at once
@@ -412,6 +417,7 @@ class RunBoard:
         self._tasks = [
             loop.create_task(self._listen_loop(), name="run-board-listener"),
             loop.create_task(self._heartbeat_loop(), name="run-board-heartbeat"),
+            loop.create_task(self._upkeep_loop(), name="run-board-upkeep"),
         ]
 
     async def aclose(self, flush_s: float = 5.0) -> None:
@@ -900,12 +906,26 @@ class RunBoard:
             self._cancel_local(run_id, shared.cancel_reason)
 
     async def _heartbeat_loop(self) -> None:
-        beats = 0
+        """Only the heartbeat, in a task of its own on the id lock's connection (not the
+        pool): a slow sweep, a busy pool or a long poll never delays it, so a live
+        replica is never taken for dead because of its own upkeep."""
         while True:
             await asyncio.sleep(self.heartbeat_s)
             try:
                 await self._keep_id()
                 await self._beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # boundary: try again at the next beat
+                log.warning("run board: heartbeat failed: %r", exc)
+
+    async def _upkeep_loop(self) -> None:
+        """Each heartbeat period: this replica's own rows (cancels, ends), dead
+        replicas' runs, and (each minute) pruning."""
+        beats = 0
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
                 await self._poll_own()
                 await self.sweep()
                 beats += 1
@@ -914,15 +934,18 @@ class RunBoard:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # boundary: try again at the next beat
-                log.warning("run board: heartbeat failed: %r", exc)
+                log.warning("run board: upkeep failed: %r", exc)
 
     async def _beat(self) -> None:
-        async with self._pool.connection() as connection:
-            await connection.execute(
-                "INSERT INTO switchyard_replicas (replica_id) VALUES (%s) "
-                "ON CONFLICT (replica_id) DO UPDATE SET seen_at = now()",
-                (self.replica_id,),
-            )
+        statement = (
+            "INSERT INTO switchyard_replicas (replica_id) VALUES (%s) "
+            "ON CONFLICT (replica_id) DO UPDATE SET seen_at = now()"
+        )
+        if self._id_lock is not None and not self._id_lock.closed:
+            await self._id_lock.execute(statement, (self.replica_id,))
+            return
+        async with self._pool.connection() as connection:  # the id lock is being taken again
+            await connection.execute(statement, (self.replica_id,))
 
     async def _poll_own(self) -> None:
         """Cancels asked of this replica's runs, and its runs a sweeper ended (this
@@ -973,33 +996,45 @@ class RunBoard:
 
     async def sweep(self, *, own: bool = False) -> int:
         """End the active runs of dead replicas (``own``: this replica's leftovers from
-        before a restart under the same id). Returns how many this call ended."""
-        where = "replica_id = %(me)s" if own else _DEAD
+        before a restart under the same id). Returns how many this call ended.
+
+        Each batch is ended in one short transaction (``FOR UPDATE SKIP LOCKED``: one
+        sweeper wins each run), committed before the threads' statuses are set: no
+        row lock is held while a thread store answers."""
         reaped = 0
-        async with self._pool.connection() as connection, connection.transaction():
-            rows = await (
-                await connection.execute(
-                    f"SELECT run_id, thread_id, tenant, replica_id, background FROM switchyard_runs "
-                    f"WHERE status IN ('pending', 'running') AND {where} FOR UPDATE SKIP LOCKED",
-                    {"me": self.replica_id, "lease": self.lease_s},
-                )
-            ).fetchall()
+        while True:
+            rows = await self._sweep_batch(own)
             for row in rows:
-                message = (
-                    f"replica {row['replica_id']} stopped (restarted)" if own
-                    else f"replica {row['replica_id']} stopped answering (no heartbeat for {self.lease_s:g}s)"
-                )
-                message += "; the run was ended; its thread keeps what it saved"
+                log.warning("run %s: %s", row["run_id"], row["error"])
                 if row["thread_id"] is not None and self._on_reaped is not None:
                     try:
                         await asyncio.wait_for(self._on_reaped(row["thread_id"], row["tenant"]), 10)
-                    except Exception as exc:  # boundary: the run still ends
+                    except Exception as exc:  # boundary: the run has ended anyway
                         log.warning("run board: could not set the status of thread %s: %r", row["thread_id"], exc)
+            reaped += len(rows)
+            if self._metrics is not None and rows:
+                self._metrics.replica_runs_reaped.inc(len(rows))
+            if len(rows) < _SWEEP_BATCH:
+                return reaped
+
+    async def _sweep_batch(self, own: bool) -> list[dict[str, Any]]:
+        where = "replica_id = %(me)s" if own else _DEAD
+        said = "stopped (restarted)" if own else f"stopped answering (no heartbeat for {self.lease_s:g}s)"
+        async with self._pool.connection() as connection, connection.transaction():
+            rows = await (
                 await connection.execute(
-                    "UPDATE switchyard_runs SET status = 'error', error = %s, updated_at = %s, ended_at = now() "
-                    "WHERE run_id = %s",
-                    (message, _now(), row["run_id"]),
+                    "UPDATE switchyard_runs SET status = 'error', updated_at = %(now)s, ended_at = now(), "
+                    "error = 'replica ' || replica_id || %(said)s "
+                    "WHERE run_id IN (SELECT run_id FROM switchyard_runs "
+                    f"WHERE status IN ('pending', 'running') AND {where} LIMIT %(batch)s FOR UPDATE SKIP LOCKED) "
+                    "RETURNING run_id, thread_id, tenant, replica_id, background, error",
+                    {
+                        "me": self.replica_id, "lease": self.lease_s, "now": _now(), "batch": _SWEEP_BATCH,
+                        "said": f" {said}; the run was ended; its thread keeps what it saved",
+                    },
                 )
+            ).fetchall()
+            for row in rows:
                 if row["background"]:
                     last = await (
                         await connection.execute(
@@ -1008,17 +1043,13 @@ class RunBoard:
                         )
                     ).fetchone()
                     index = (last["idx"] if last else -1) + 1
-                    data = orjson.dumps({"error": "ReplicaLost", "message": message, "run_id": row["run_id"]}).decode()
+                    data = orjson.dumps({"error": "ReplicaLost", "message": row["error"], "run_id": row["run_id"]}).decode()
                     await connection.execute(
                         "INSERT INTO switchyard_run_frames (run_id, idx, frame) VALUES (%s, %s, %s)",
                         (row["run_id"], index, f"event: error\ndata: {data}\nid: {index}\n\n"),
                     )
                 await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"e:{row['run_id']}"))
-                log.warning("run %s: %s", row["run_id"], message)
-                reaped += 1
-        if reaped and self._metrics is not None:
-            self._metrics.replica_runs_reaped.inc(reaped)
-        return reaped
+        return rows
 
     async def prune(self) -> None:
         """Forget finished runs older than the retention (their frames go with them) and

@@ -396,3 +396,32 @@ async def test_an_active_row_of_this_replica_with_no_run_behind_it_is_ended_by_i
     # A run that is running here keeps its row.
     assert (await y.active_on(kept_thread)).run_id == kept.run_id  # type: ignore[union-attr]
 
+
+async def test_a_slow_sweep_neither_stops_the_sweepers_heartbeat_nor_holds_row_locks(
+    boards: Open, postgres_dsn: str
+) -> None:
+    """Setting a reaped run's thread status is slow (a busy thread store): the sweeper
+    keeps beating meanwhile (a third replica does not take it for dead and reap its live
+    run), and the dead run's row is ended and committed before that status is set."""
+    dead = await boards("dead", heartbeat_s=60, lease_s=120)
+    await dead.start(RunRegistry(board=dead))
+    lost = _record(str(uuid.uuid4()))
+    await dead.admit(lost, deadline_s=5)
+    seen_in_hook: list[object] = []
+
+    async def slow_on_reaped(thread_id: str, tenant: str) -> None:
+        seen_in_hook.append((await _rows(postgres_dsn, "SELECT status FROM switchyard_runs WHERE run_id = %s", lost.run_id))[0][0])
+        await asyncio.sleep(3)
+
+    sweeper = await boards("Y", heartbeat_s=0.2, lease_s=1.0)
+    on_y = RunRegistry(board=sweeper)
+    await sweeper.start(on_y, on_reaped=slow_on_reaped)
+    live = _record(str(uuid.uuid4()))
+    on_y.add(live)
+    await sweeper.admit(live, deadline_s=5)
+    third = await boards("Z", heartbeat_s=0.2, lease_s=1.0)
+    await asyncio.sleep(3.0)  # "dead" is past its lease (1 s) and Y is inside its 3 s hook
+    assert await third.sweep() == 0
+    assert (await third.get(live.run_id)).status == "running"  # type: ignore[union-attr]
+    assert seen_in_hook == ["error"]
+
