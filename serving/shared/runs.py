@@ -34,7 +34,8 @@ Guarantees and how they are kept:
   under it by a sweeper) each heartbeat too.
 - Leases are on the database's clock: a replica not seen for ``state.lease_s`` is
   dead; any other replica's sweeper ends its active runs (``error``, saying which
-  replica stopped), appends an ``error`` frame for followers, sets the thread's status
+  replica stopped), appends an ``error`` frame for followers (without an id, stored
+  after any index the dead host could have sent live), sets the thread's status
   as a cancelled run's would be, and counts ``switchyard_replica_runs_reaped_total``.
   ``FOR UPDATE SKIP LOCKED`` makes one sweeper win each run; a batch is ended in one
   short transaction, committed before the threads' statuses are set. The heartbeat runs
@@ -143,6 +144,10 @@ _SCHEMA = (
 )
 _FOLLOW_PAGE = 500
 """Frames a follower reads per query."""
+_LOST_IDX = 1 << 62
+"""``idx`` of the ``error`` frame a sweeper appends to a dead replica's background run:
+after any index its host could have sent live (frames it had not yet written are not
+on the board, so ``max(idx) + 1`` could repeat an id the client already saw)."""
 _SWEEP_BATCH = 100
 """Runs a sweeper ends per transaction."""
 _RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
@@ -808,43 +813,53 @@ class RunBoard:
         """A background run's frames after event id ``after`` from the board, then new
         ones as they are written, until the run has ended (`RunRecord.follow`'s
         contract, for a run hosted anywhere). If the database stops answering, an
-        ``error`` event (no id: the client resumes from its last one) ends them."""
+        ``error`` event (no id: the client resumes from its last one) ends them. A run
+        that ended other than with ``success`` and has nothing left after ``after``
+        ends them with an ``error`` event saying how it ended (a client resuming
+        after its host died is told, never given an empty stream)."""
         index = max(after + 1, 0)
         event = self._waker(run_id)
+        sent = False
         try:
             while True:
                 event.clear()
                 try:
-                    rows, done = await self._follow_step(run_id, index)
+                    rows, done, ending = await self._follow_step(run_id, index)
                 except BoardUnavailableError as exc:
                     # After the headers an error is an event.
                     data = orjson.dumps({"error": "BoardUnavailable", "message": f"{exc}; reconnect with Last-Event-ID"})
                     yield f"event: error\ndata: {data.decode()}\n\n"
                     return
-                if rows and rows[0][0] > index:
+                if rows and index < rows[0][0] < _LOST_IDX:
                     # Dropped from the bounded buffer before this follower read them
                     # (at the start, or while it fell behind): said, never a silent hole.
                     yield f": {rows[0][0] - index} earlier events are no longer kept\n\n"
                 for number, kept in rows:
                     mode = event_mode(kept)
                     if events is None or mode is None or mode in events or mode in CONTROL_EVENTS:
+                        sent = True
                         yield kept
                     index = number + 1
                 if len(rows) == _FOLLOW_PAGE:
                     continue
                 if done:
-                    return  # ended before these were read, and frames are written before the end
+                    # Ended before these were read (frames are written before the end).
+                    # A client resuming after everything the board has of a run that
+                    # failed still learns how it ended, never an empty stream.
+                    if not sent and ending is not None:
+                        yield ending
+                    return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), self.heartbeat_s)
         finally:
             self._unwake(run_id, event)
 
-    async def _follow_step(self, run_id: str, index: int) -> tuple[list[tuple[int, str]], bool]:
-        """The run's frames from ``index`` (a page), and whether it had ended before
-        they were read."""
+    async def _follow_step(self, run_id: str, index: int) -> tuple[list[tuple[int, str]], bool, str | None]:
+        """The run's frames from ``index`` (a page), whether it had ended before they
+        were read, and (ended other than with success) an ``error`` event saying how."""
         async with self._connection() as connection:
             status = await (
-                await connection.execute("SELECT status FROM switchyard_runs WHERE run_id = %s", (run_id,))
+                await connection.execute("SELECT status, error FROM switchyard_runs WHERE run_id = %s", (run_id,))
             ).fetchone()
             rows = await (
                 await connection.execute(
@@ -852,7 +867,13 @@ class RunBoard:
                     (run_id, index, _FOLLOW_PAGE),
                 )
             ).fetchall()
-        return [(row["idx"], row["frame"]) for row in rows], status is None or status["status"] not in ACTIVE
+        done = status is None or status["status"] not in ACTIVE
+        ending = None
+        if status is not None and done and status["status"] != "success":
+            message = status["error"] or f"the run ended with status {status['status']}"
+            data = orjson.dumps({"error": "RunEnded", "message": message, "run_id": run_id, "status": status["status"]})
+            ending = f"event: error\ndata: {data.decode()}\n\n"
+        return [(row["idx"], row["frame"]) for row in rows], done, ending
 
     # ---- listening, heartbeat, sweeping ----------------------------------------------
 
@@ -1036,17 +1057,13 @@ class RunBoard:
             ).fetchall()
             for row in rows:
                 if row["background"]:
-                    last = await (
-                        await connection.execute(
-                            "SELECT coalesce(max(idx), -1) AS idx FROM switchyard_run_frames WHERE run_id = %s",
-                            (row["run_id"],),
-                        )
-                    ).fetchone()
-                    index = (last["idx"] if last else -1) + 1
+                    # No id: a client that reconnects after it (with its last real
+                    # event's id) is told again how the run ended.
                     data = orjson.dumps({"error": "ReplicaLost", "message": row["error"], "run_id": row["run_id"]}).decode()
                     await connection.execute(
-                        "INSERT INTO switchyard_run_frames (run_id, idx, frame) VALUES (%s, %s, %s)",
-                        (row["run_id"], index, f"event: error\ndata: {data}\nid: {index}\n\n"),
+                        "INSERT INTO switchyard_run_frames (run_id, idx, frame) VALUES (%s, %s, %s) "
+                        "ON CONFLICT DO NOTHING",
+                        (row["run_id"], _LOST_IDX, f"event: error\ndata: {data}\n\n"),
                     )
                 await connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"e:{row['run_id']}"))
         return rows

@@ -140,7 +140,7 @@ async def test_a_dead_replicas_runs_are_ended_by_exactly_one_sweeper(boards: Ope
     assert shared is not None and shared.status == "error" and "replica dead stopped" in (shared.error or "")
     frames = [frame async for frame in sweepers[0].follow(run.run_id)]
     assert frames[0].startswith("event: metadata") and frames[-1].startswith("event: error\n")
-    assert "ReplicaLost" in frames[-1] and "id: 1\n" in frames[-1]
+    assert "ReplicaLost" in frames[-1] and "\nid: " not in frames[-1]
     # The thread is free for a run on a live replica.
     await sweepers[1].admit(_record(thread), deadline_s=5)
 
@@ -425,3 +425,36 @@ async def test_a_slow_sweep_neither_stops_the_sweepers_heartbeat_nor_holds_row_l
     assert (await third.get(live.run_id)).status == "running"  # type: ignore[union-attr]
     assert seen_in_hook == ["error"]
 
+
+async def test_a_client_resuming_after_its_replica_died_always_ends_with_an_error_event(boards: Open) -> None:
+    """The dead host had sent events 0..7 live but written 0..4: the sweeper's ``error``
+    frame must not take id 5 (the client saw it), and a client resuming after any id it
+    saw gets that error, never an empty stream."""
+    dead = await boards("dead", heartbeat_s=60, lease_s=120)
+    await dead.start(RunRegistry(board=dead))
+    run = _record(str(uuid.uuid4()))
+    await dead.admit(run, deadline_s=5)
+    dead.mark_background(run)
+    for index in range(5):
+        dead.frame(run, index, f"event: messages\ndata: {{}}\nid: {index}\n\n")
+    assert await dead.flushed(run.run_id, 5)
+    sweeper = await boards("B")
+    await asyncio.sleep(1.2)
+    assert await sweeper.sweep() == 1
+    for after in (3, 4, 5, 7):
+        got = [frame async for frame in sweeper.follow(run.run_id, after)]
+        assert got[-1].startswith("event: error\n") and "ReplicaLost" in got[-1], (after, got)
+        assert "\nid: " not in got[-1]  # no id: it collides with none the client saw
+        assert len(got) == max(4 - after, 0) + 1, (after, got)
+    # A run ended in error whose frames the client has all seen: told how it ended.
+    await sweeper.start(RunRegistry(board=sweeper))
+    done = _record(str(uuid.uuid4()))
+    await sweeper.admit(done, deadline_s=5)
+    sweeper.mark_background(done)
+    sweeper.frame(done, 0, "event: metadata\ndata: {}\nid: 0\n\n")
+    done.finish("error")
+    sweeper.ended(done)
+    sweeper.pumped(done)
+    assert await sweeper.flushed(done.run_id, 5)
+    got = [frame async for frame in sweeper.follow(done.run_id, 0)]
+    assert len(got) == 1 and got[0].startswith("event: error\n") and '"status":"error"' in got[0]
