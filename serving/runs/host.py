@@ -283,6 +283,9 @@ class RunHost:
                 self.runs.add(record)
                 if board is None:
                     record.set_status("running")
+                else:
+                    # Unwound after `_end_record`: the answer waits for the end's write.
+                    stack.push_async_callback(self._end_written, record, run)
                 stack.callback(self._end_record, record, run)
             self.metrics.runs_in_flight.inc()
             stack.callback(self._finish, run)
@@ -372,6 +375,14 @@ class RunHost:
             log.error("could not set thread %s to %s: %r", thread_id, status, exc)
             return
         run.thread_status = status
+
+    async def _end_written(self, record: RunRecord, run: ActiveRun) -> None:
+        """Wait (bounded) for the run's end on the run board before the request
+        answers: the client's next run on the thread may go through another replica,
+        which would refuse it (``reject``) while the row still says ``running``."""
+        board = self.runs.board
+        if board is not None and not run.refused:
+            await board.end_written(record.run_id)
 
     def _end_record(self, record: RunRecord, run: ActiveRun) -> None:
         if run.refused:

@@ -23,7 +23,11 @@ Guarantees and how they are kept:
 - A run's row exists before the request that started it answers (the insert is
   awaited inside `serving.runs.RunHost.open`, with status ``running``). Later writes
   (background, frames, the end) go through one ordered writer task: a failure is logged and never
-  breaks the run; frames are written before the end that follows them. An end (or delete)
+  breaks the run; frames are written before the end that follows them. A run's end (or
+  delete) with nothing of its own queued before it goes ahead of other runs' queued
+  frames, and the request that ran it answers once it is written (`RunBoard.end_written`,
+  at most 2 s): the client's next run on the thread, through any replica, finds the
+  thread free. An end (or delete)
   that fails is tried again a few times; one lost for good, or the row of an admission
   whose reply was lost after its insert committed, is ended by the owner's heartbeat
   (its active rows with no run behind them), so no row holds a thread for ever.
@@ -65,6 +69,7 @@ has a recent row and must not be refused.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
@@ -293,7 +298,12 @@ class RunBoard:
         self._pool = pool
         self._dsn = dsn
         self._metrics = metrics
-        self._ops: asyncio.Queue[_Op | None] = asyncio.Queue()
+        self._ops: collections.deque[_Op] = collections.deque()
+        self._urgent: collections.deque[_Op] = collections.deque()
+        """Ends and deletes of runs with no other write queued: written before queued
+        frames (a finished run must free its thread on the other replicas at once)."""
+        self._work = asyncio.Event()
+        self._stopping = False
         self._pending: dict[str, int] = {}
         """Per run, its writes still queued (`flushed` waits for none)."""
         self._flushed: dict[str, asyncio.Event] = {}
@@ -435,11 +445,12 @@ class RunBoard:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._side, return_exceptions=True)
         if self._writer is not None:
-            self._ops.put_nowait(None)
+            self._stopping = True
+            self._work.set()
             try:
                 await asyncio.wait_for(asyncio.shield(self._writer), flush_s)
             except TimeoutError:
-                log.warning("run board: %d write(s) not flushed at shutdown", self._ops.qsize())
+                log.warning("run board: %d write(s) not flushed at shutdown", len(self._ops) + len(self._urgent))
                 self._writer.cancel()
                 await asyncio.gather(self._writer, return_exceptions=True)
         try:
@@ -557,13 +568,17 @@ class RunBoard:
     def _put(self, op: _Op) -> None:
         if self._closed and self._writer is None:
             return
-        if op.kind == "frame" and self._ops.qsize() > 20_000:
+        if op.kind == "frame" and len(self._ops) > 20_000:
             if not self._dropping:
                 self._dropping = True
                 log.error("run board: the database is not keeping up; frames of background runs are being dropped")
             return
+        if op.kind in ("end", "delete") and not self._pending.get(op.run_id):
+            self._urgent.append(op)  # nothing of its own before it: no order to keep
+        else:
+            self._ops.append(op)
         self._pending[op.run_id] = self._pending.get(op.run_id, 0) + 1
-        self._ops.put_nowait(op)
+        self._work.set()
 
     def mark_background(self, record: RunRecord) -> None:
         """The run keeps its frames here (followers on any replica can join it). The
@@ -614,6 +629,16 @@ class RunBoard:
         """The thread was deleted: its finished runs' rows go (an active one stays)."""
         self._put(_Op("delete_thread", thread_id, {}))
 
+    async def end_written(self, run_id: str, timeout_s: float = 2.0) -> None:
+        """Wait (at most ``timeout_s``, logged past it) until the run's end is on the
+        board, unless it is held for its pump (a background run): the request's answer
+        comes after, so the client's next run on the thread, through any replica, is
+        not refused by a row that is only late."""
+        if run_id in self._held_ends or self._closed:
+            return
+        if not await self.flushed(run_id, timeout_s):
+            log.warning("run board: the end of run %s was not written within %.1fs; answering anyway", run_id, timeout_s)
+
     async def flushed(self, run_id: str, timeout_s: float | None) -> bool:
         """Wait until the run's queued writes are written (or failed); False on timeout."""
         if not self._pending.get(run_id):
@@ -636,17 +661,18 @@ class RunBoard:
 
     async def _write_loop(self) -> None:
         while True:
-            op = await self._ops.get()
-            if op is None:
-                return
+            if not self._urgent and not self._ops:
+                if self._stopping:
+                    return
+                self._work.clear()
+                await self._work.wait()
+                continue
+            op = self._urgent.popleft() if self._urgent else self._ops.popleft()
             batch = [op]
             if op.kind == "frame":
                 # Consecutive frames (of any runs) go in one round trip.
-                while len(batch) < 64 and not self._ops.empty():
-                    following = self._ops._queue[0]  # type: ignore[attr-defined]
-                    if following is None or following.kind != "frame":
-                        break
-                    batch.append(self._ops.get_nowait())  # type: ignore[arg-type]
+                while len(batch) < 64 and self._ops and self._ops[0].kind == "frame":
+                    batch.append(self._ops.popleft())
             try:
                 await self._write_retrying(batch)
             except Exception as exc:  # boundary: a write failure never breaks the run

@@ -458,3 +458,34 @@ async def test_a_client_resuming_after_its_replica_died_always_ends_with_an_erro
     assert await sweeper.flushed(done.run_id, 5)
     got = [frame async for frame in sweeper.follow(done.run_id, 0)]
     assert len(got) == 1 and got[0].startswith("event: error\n") and '"status":"error"' in got[0]
+
+
+async def test_a_runs_end_is_written_before_other_runs_queued_frames(boards: Open) -> None:
+    """A busy replica has thousands of frames of background runs queued: a finished
+    run's end does not wait behind them (the thread stayed refused on the other
+    replicas for about a second), and `end_written` returns once it is on the board."""
+    x, y = await boards("X", heartbeat_s=2, lease_s=10), await boards("Y", heartbeat_s=2, lease_s=10)
+    on_x = RunRegistry(board=x)
+    await x.start(on_x)
+    await y.start(RunRegistry(board=y))
+    streaming = []
+    for _ in range(20):
+        run = _record(None)
+        run.frames = []
+        on_x.add(run)
+        await x.admit(run, deadline_s=5)
+        x.mark_background(run)
+        streaming.append(run)
+    thread = str(uuid.uuid4())
+    holder = _record(thread)
+    on_x.add(holder)
+    await x.admit(holder, deadline_s=5)
+    for index in range(300):
+        for run in streaming:
+            x.frame(run, index, f"event: messages\ndata: {'x' * 200}\nid: {index}\n\n")
+    on_x.ended(holder)
+    holder.finish("success")
+    x.ended(holder)
+    await x.end_written(holder.run_id, 5)
+    assert len(x._ops) > 1000  # the frames are still queued
+    await y.admit(_record(thread), deadline_s=0)
