@@ -271,6 +271,9 @@ class RunHost:
             record = plan.record
             await self.at("make_way")
             if record is not None and record.thread_id is not None:
+                if self.runs.board is not None:
+                    # Another replica's run on the thread is waited for holding no slot.
+                    await self.runs.board.make_way(record, deadline_s=plan.deadline_s)
                 await self._make_way(record, plan.deadline_s)
                 # A thread being deleted (or its state updated) takes no new run.
                 self.runs.admit(record)

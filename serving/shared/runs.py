@@ -358,9 +358,10 @@ class RunBoard:
             check=AsyncConnectionPool.check_connection,
             open=False,
         )
-        await pool.open(wait=True, timeout=10)
         board: RunBoard | None = None
         try:
+            # Inside the try: a pool that did not open in time is closed (its workers).
+            await pool.open(wait=True, timeout=10)
             async with pool.connection() as connection, connection.transaction():
                 await connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 for statement in _SCHEMA:
@@ -531,21 +532,40 @@ class RunBoard:
                     await self._end_stale(other.run_id)
                 own_ended.add(other.run_id)
                 continue
-            if record.multitask_strategy == "reject":
-                raise RunConflictError(
-                    409,
-                    f"thread {record.thread_id!r} already has a run in progress ({other.run_id}, on replica "
-                    f"{other.replica_id}); multitask_strategy interrupt or enqueue would wait for it",
-                )
-            if record.multitask_strategy == "interrupt" and other.run_id not in asked:
-                asked.add(other.run_id)
-                await self.request_cancel(other.run_id, "interrupted by a newer run on this thread")
-            if remaining is not None and remaining <= 0 or not await self.wait_ended(
-                other.run_id, remaining, guard_error=lambda: record.guard.error
-            ):
-                if record.guard.error is not None:
-                    raise record.guard.error
-                raise ServingError(409, f"thread {record.thread_id!r} is still busy with run {other.run_id}")
+            await self._meet(record, other, remaining, asked)
+
+    async def make_way(self, record: RunRecord, *, deadline_s: float | None) -> None:
+        """Before the run takes a run slot: meet the thread's active run on another
+        replica with the run's multitask strategy (as `admit` does), so a run waiting
+        for one holds no slot and is not counted in flight. The insert in `admit` can
+        still meet a run that started meanwhile (then it waits again).
+
+        Raises:
+            RunConflictError, ServingError: refused.
+        """
+        until = None if deadline_s is None else time.monotonic() + deadline_s
+        asked: set[str] = set()
+        while (other := await self.active_on(record.thread_id)) is not None and other.replica_id != self.replica_id:
+            await self._meet(record, other, None if until is None else until - time.monotonic(), asked)
+
+    async def _meet(self, record: RunRecord, other: SharedRun, remaining: float | None, asked: set[str]) -> None:
+        """Apply the strategy to another replica's active run on the thread: refuse,
+        or (cancel it and) wait until it ends."""
+        if record.multitask_strategy == "reject":
+            raise RunConflictError(
+                409,
+                f"thread {record.thread_id!r} already has a run in progress ({other.run_id}, on replica "
+                f"{other.replica_id}); multitask_strategy interrupt or enqueue would wait for it",
+            )
+        if record.multitask_strategy == "interrupt" and other.run_id not in asked:
+            asked.add(other.run_id)
+            await self.request_cancel(other.run_id, "interrupted by a newer run on this thread")
+        if remaining is not None and remaining <= 0 or not await self.wait_ended(
+            other.run_id, remaining, guard_error=lambda: record.guard.error
+        ):
+            if record.guard.error is not None:
+                raise record.guard.error
+            raise ServingError(409, f"thread {record.thread_id!r} is still busy with run {other.run_id}")
 
     async def _end_stale(self, run_id: str) -> None:
         """End a row of this replica's whose run has ended here (or never ran: its

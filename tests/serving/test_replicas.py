@@ -350,3 +350,29 @@ def test_a_replica_starting_leaves_the_threads_of_anothers_runs_busy(
             cancelled = b.post(f"/threads/{thread}/runs/{run_id}/cancel", params={"wait": "true"})
             assert cancelled.status_code == 204, cancelled.text
             assert _wait_for(lambda: b.get(f"/threads/{thread}").json()["status"] == "idle", what="thread idle")
+
+
+def test_a_run_waiting_for_another_replicas_run_holds_no_run_slot(pair: tuple[Replica, Replica, dict[str, str]]) -> None:
+    """An enqueued run through B waits for A's run on the thread before it takes a run
+    slot: it is not counted in ``switchyard_runs_in_flight`` (which drives the
+    autoscaler) and holds no slot an unrelated run could use."""
+    import threading
+
+    a_rep, b_rep, headers = pair
+    with httpx.Client(base_url=a_rep.url, headers=headers, timeout=60) as a, httpx.Client(
+        base_url=b_rep.url, headers=headers, timeout=60
+    ) as b:
+        thread = a.post("/threads", json={}).json()["thread_id"]
+        first = a.post(f"/threads/{thread}/runs", json=_body(1500)).json()["run_id"]
+        answers: list[httpx.Response] = []
+        waiter = threading.Thread(
+            target=lambda: answers.append(b.post(f"/threads/{thread}/runs/wait", json=_body(5, multitask_strategy="enqueue")))
+        )
+        waiter.start()
+        time.sleep(1.5)  # B's run is waiting for A's
+        assert not answers
+        in_flight = [line for line in b.get("/metrics").text.splitlines() if line.startswith("switchyard_runs_in_flight ")]
+        assert in_flight == ["switchyard_runs_in_flight 0.0"], in_flight
+        assert a.post(f"/threads/{thread}/runs/{first}/cancel").status_code in (200, 202, 204)
+        waiter.join(30)
+        assert answers and answers[0].status_code == 200, answers
