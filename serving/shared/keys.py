@@ -59,6 +59,7 @@ from serving.auth import (
     without_settings_ids,
 )
 from serving.errors import ServingError
+from serving.shared import PG_TCP
 
 if TYPE_CHECKING:
     from serving.settings import Settings
@@ -102,17 +103,7 @@ _CREATE_ATTEMPTS = 5
 """Random ids tried when a new key's id is already stored (one in 2^32 per stored key)."""
 _LOOKUPS_MAX = 32
 """Different unknown keys waiting for a lookup at once; more get 503 (busy)."""
-_TCP = {
-    # Probe an idle connection after 10 s, every 5 s, 3 times: a peer gone without a FIN
-    # (a failed-over server, a dropped NAT entry) is found in ~25 s, not the kernel's hours.
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-    # Data sent and not acknowledged for 25 s fails the connection (keepalives only
-    # probe an idle one; retransmissions would otherwise last ~15 min).
-    "tcp_user_timeout": 25_000,
-}
+_TCP = PG_TCP
 
 
 class ConnectionBusyError(psycopg.OperationalError):

@@ -91,6 +91,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from serving._tasks import RunCancelledError
 from serving.errors import ServingError
+from serving.shared import PG_TCP
 from serving.runs.registry import CONTROL_EVENTS, event_mode
 
 if TYPE_CHECKING:
@@ -352,6 +353,7 @@ class RunBoard:
             kwargs={
                 "autocommit": True, "prepare_threshold": None, "row_factory": dict_row,
                 "options": "-c statement_timeout=15000",
+                "connect_timeout": 10, **PG_TCP,
             },
             timeout=10,
             # A connection the server dropped (a restart) is found before it is lent.
@@ -384,7 +386,7 @@ class RunBoard:
     async def _hold_id(self) -> bool:
         """Take this replica's id lock on a connection of its own (kept until `aclose`);
         False if another live process holds it."""
-        connection = await AsyncConnection.connect(self._dsn, autocommit=True)
+        connection = await AsyncConnection.connect(self._dsn, autocommit=True, connect_timeout=10, **PG_TCP)
         try:
             row = await (
                 await connection.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_ID_LOCK_SPACE, self.replica_id))
@@ -931,7 +933,8 @@ class RunBoard:
         delay = 0.2
         while True:
             try:
-                async with await AsyncConnection.connect(self._dsn, autocommit=True) as connection:
+                connect = AsyncConnection.connect(self._dsn, autocommit=True, connect_timeout=10, **PG_TCP)
+                async with await connect as connection:
                     await connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
                     delay = 0.2
                     # Whatever was missed while not listening: wake every waiter once.
