@@ -14,7 +14,8 @@ anything runs:
   timeout observation.
 - ``failed``: the tool raised; the run goes on with an error observation.
 
-Every attempt produces a `ToolCallRecord` for the audit log (tool, a hash of the
+The ToolMessage of every call carries ``artifact={"decision": ..., "reason": ...}``
+(the same decision, for clients showing it). Every attempt produces a `ToolCallRecord` for the audit log (tool, a hash of the
 arguments, decision, reason, duration), handed to the run's sink.
 """
 
@@ -59,6 +60,22 @@ class ToolCallRecord:
 def args_hash(args: Any) -> str:
     raw = args if isinstance(args, str) else json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def _message(text: str, call_id: str, name: str, decision: ToolDecision, reason: str) -> ToolMessage:
+    """The observation the model reads, with the decision as its artifact.
+
+    The artifact is not sent to the model (only ``content`` is); it rides in the
+    thread's state and the stream so that a client (the playground) can show the
+    decision without parsing the text's "Refused:" / "Timed out:" / "Error:" prefix.
+    """
+    return ToolMessage(
+        text,
+        tool_call_id=call_id,
+        name=name,
+        status="success" if decision == "executed" else "error",
+        artifact={"decision": decision, "reason": reason},
+    )
 
 
 class ToolExecutor:
@@ -124,7 +141,7 @@ class ToolExecutor:
     def refuse(self, call_id: str, name: str, args: Any, reason: str) -> ToolMessage:
         """Answer a call without running it (a check failed, or a person rejected it)."""
         self._record(call_id, name, args, "refused", reason, 0.0)
-        return ToolMessage(f"Refused: {reason}", tool_call_id=call_id, name=name, status="error")
+        return _message(f"Refused: {reason}", call_id, name, "refused", reason)
 
     async def run(self, call_id: str, name: str, args: Any) -> ToolMessage:
         """Check a call against the policy, then execute it (or not); never raises for
@@ -142,7 +159,7 @@ class ToolExecutor:
                 elapsed = (time.perf_counter() - started) * 1000
                 reason = f"no result within {tool.timeout_s:g}s; the call was cancelled"
                 self._record(call_id, name, args, "timed_out", reason, elapsed)
-                return ToolMessage(f"Timed out: {reason}", tool_call_id=call_id, name=name, status="error")
+                return _message(f"Timed out: {reason}", call_id, name, "timed_out", reason)
             except Exception as exc:  # boundary: a failing tool is an observation, not a crashed run
                 if attempt + 1 < attempts:
                     log.info("tool %s failed (%r); retrying", name, exc)
@@ -150,14 +167,14 @@ class ToolExecutor:
                 elapsed = (time.perf_counter() - started) * 1000
                 reason = f"{exc.__class__.__name__}: {exc}"
                 self._record(call_id, name, args, "failed", reason, elapsed)
-                return ToolMessage(f"Error: {reason}", tool_call_id=call_id, name=name, status="error")
+                return _message(f"Error: {reason}", call_id, name, "failed", reason)
             break
         elapsed = (time.perf_counter() - started) * 1000
         text = str(output)
         if len(text) > tool.max_output_chars:
             text = text[: tool.max_output_chars] + f"\n[output cut at {tool.max_output_chars} characters]"
         self._record(call_id, name, args, "executed", "", elapsed)
-        return ToolMessage(text, tool_call_id=call_id, name=name)
+        return _message(text, call_id, name, "executed", "")
 
     def _record(self, call_id: str, name: str, args: Any, decision: ToolDecision, reason: str, ms: float) -> None:
         record = ToolCallRecord(

@@ -81,6 +81,32 @@ async def test_executed_cut_timed_out_failed_and_retried() -> None:
     await asyncio.sleep(0.3)
     assert log == ["hi"]  # the slow tool was cancelled, not left running
     assert [r.decision for r in records] == ["executed", "timed_out", "executed"]
+    # The decision rides in the message's artifact for clients (the playground).
+    assert done.artifact == {"decision": "executed", "reason": ""}
+    assert late.artifact == {"decision": "timed_out", "reason": records[1].reason}
+
+
+async def test_every_message_carries_its_decision() -> None:
+    """Refused and failed calls say so in the artifact, with the recorded reason."""
+    records: list[ToolCallRecord] = []
+
+    async def broken(args: NoteArgs, context: ToolContext) -> str:
+        raise RuntimeError("disk on fire")
+
+    registry = ToolRegistry(
+        [Tool(name="broken", description="", args_schema=NoteArgs, run=broken)],  # type: ignore[arg-type]
+        ToolsSettings(),
+    )
+    policy = ToolPolicy.intersect(["broken"], ["broken"], registry.names(), max_tool_calls=8)
+    executor = ToolExecutor(registry, policy, ToolContext(), records.append)
+    failed = await executor.run("1", "broken", {"note": "a"})
+    refused = await executor.run("2", "rm", {})
+    rejected = executor.refuse("3", "broken", {"note": "b"}, "a person rejected the call")
+    assert failed.artifact == {"decision": "failed", "reason": "RuntimeError: disk on fire"}
+    assert refused.artifact["decision"] == "refused" and "unknown tool 'rm'" in refused.artifact["reason"]
+    assert rejected.artifact == {"decision": "refused", "reason": "a person rejected the call"}
+    assert [m.status for m in (failed, refused, rejected)] == ["error"] * 3
+    assert [r.reason for r in records] == [m.artifact["reason"] for m in (failed, refused, rejected)]
 
 
 async def test_the_call_budget_is_enforced() -> None:
