@@ -231,12 +231,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
-async def openai_complete(client: httpx.AsyncClient, model: str, *, max_tokens: int, text: str = "hello") -> Answer:
-    """``POST /v1/chat/completions`` without streaming."""
+async def openai_complete(
+    client: httpx.AsyncClient, model: str, *, max_tokens: int, text: str = "hello", request_id: str | None = None
+) -> Answer:
+    """``POST /v1/chat/completions`` without streaming; ``request_id`` is sent as
+    ``x-request-id`` (a stateless request's sticky key), else the server makes one."""
     answer = Answer(kind="openai", started=time.monotonic())
     body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
+    headers = {"x-request-id": request_id} if request_id else None
     try:
-        response = await client.post("/v1/chat/completions", json=body)
+        response = await client.post("/v1/chat/completions", json=body, headers=headers)
         answer.status = response.status_code
         answer.backend = response.headers.get(BACKEND_HEADER)
         if response.status_code != 200:
