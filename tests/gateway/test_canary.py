@@ -135,10 +135,12 @@ async def test_threads_never_change_backend(tmp_path: Path, backends: dict[str, 
         print(f"\n[canary] threads per backend: {per_graph}")
         assert set(per_graph["chat-even"]) == {"a", "b"}, f"a 50/50 alias sent all 25 threads to one backend: {per_graph}"
 
-        # Stateless runs (no thread) hash their request id: a 50/50 alias spreads them.
+        # Stateless runs (no thread) hash their request id: a 50/50 alias spreads them
+        # (fixed ids, as above: the same split every run).
         async with _client(server.url) as client:
             stateless = await gather_limited(CONCURRENCY, [
-                lambda: langgraph_wait(client, None, "chat-even", max_tokens=2) for _ in range(STATELESS_RUNS)])
+                lambda n=n: langgraph_wait(client, None, "chat-even", max_tokens=2, request_id=f"stateless-{n:02d}")
+                for n in range(STATELESS_RUNS)])
         assert all(a.ok and a.backend in ("a", "b") for a in stateless), _failures(stateless)
         spread = Counter(a.backend for a in stateless)
         low, high = acceptance_region(STATELESS_RUNS, 0.5, 0.99)

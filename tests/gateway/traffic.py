@@ -315,14 +315,21 @@ def _lg_body(assistant: str, text: str, max_tokens: int, **extra: Any) -> dict[s
 
 
 async def langgraph_wait(
-    client: httpx.AsyncClient, thread_id: str | None, assistant: str, *, max_tokens: int, text: str = "hello"
+    client: httpx.AsyncClient,
+    thread_id: str | None,
+    assistant: str,
+    *,
+    max_tokens: int,
+    text: str = "hello",
+    request_id: str | None = None,
 ) -> Answer:
     """``POST /threads/{thread_id}/runs/wait`` (``None``: the stateless ``POST /runs/wait``);
-    the run id from ``Content-Location``."""
+    the run id from ``Content-Location``; ``request_id`` as in `openai_complete`."""
     answer = Answer(kind="langgraph-wait", started=time.monotonic(), thread_id=thread_id)
     path = "/runs/wait" if thread_id is None else f"/threads/{thread_id}/runs/wait"
+    headers = {"x-request-id": request_id} if request_id else None
     try:
-        response = await client.post(path, json=_lg_body(assistant, text, max_tokens))
+        response = await client.post(path, json=_lg_body(assistant, text, max_tokens), headers=headers)
         answer.status = response.status_code
         answer.backend = response.headers.get(BACKEND_HEADER)
         location = response.headers.get("content-location", "")
