@@ -42,6 +42,7 @@ from serving.knowledge_api.router import router as knowledge_router
 from serving.openai.router import router as openai_router
 from serving.openai.service import ChatCompletionService
 from serving.persistence import open_thread_stores
+from serving.playground import playground_router
 from serving.runs import RunChecks, RunHook, RunHost, RunRegistry
 from serving.shared.runs import RunBoard
 from serving.platform import Platform
@@ -293,6 +294,8 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
     app.include_router(langgraph_open_router)
     app.include_router(store_router)
     app.include_router(models_admin_router)
+    # The chat playground page (no key: it holds no data); `/` opens it in dev mode.
+    app.include_router(playground_router(redirect_root=settings.server.dev))
 
     if not public_docs:
 

@@ -1,0 +1,1154 @@
+// Switchyard playground: a small client of this server's LangGraph-compatible API.
+//
+// Plain script, no build step, no third-party code. Every string that comes from the
+// server (answers, titles, tool arguments, thread metadata, error messages) reaches the
+// DOM through textContent or setAttribute, never through innerHTML; the page's CSP
+// forbids inline script and foreign origins as a second line of defence.
+"use strict";
+
+(() => {
+  const STORE = {
+    key: "switchyard.playground.key",
+    graph: "switchyard.playground.graph",
+    thread: "switchyard.playground.thread",
+    meta: "switchyard.playground.meta",
+  };
+  const STREAM_MODE = ["values", "messages-tuple", "updates"];
+  const META_KEEP = 300; // answers whose request/run/backend are remembered across reloads
+  const THREADS_LISTED = 50;
+  const DASH = "—";
+
+  const $ = (id) => document.getElementById(id);
+  const el = {
+    auth: $("auth"), keyForm: $("key-form"), apiKey: $("api-key"), saveKey: $("save-key"), forgetKey: $("forget-key"),
+    graphSelect: $("graph-select"), threadSelect: $("thread-select"), newThread: $("new-thread"),
+    mermaid: $("graph-mermaid"), diagram: $("graph-diagram"),
+    status: $("status"), error: $("error"), messages: $("messages"),
+    approval: $("approval"), composer: $("composer"), input: $("message-input"), send: $("send"), stop: $("stop"),
+  };
+  const approvalPart = (selector) => el.approval.querySelector(selector);
+
+  // ---------------------------------------------------------------- storage
+
+  function stored(name) {
+    try { return localStorage.getItem(name); } catch { return null; }
+  }
+  function store(name, value) {
+    try {
+      if (value === null || value === undefined || value === "") localStorage.removeItem(name);
+      else localStorage.setItem(name, value);
+    } catch { /* storage off (private mode): the page works without it */ }
+  }
+
+  /** request id, run id and backend of answers seen here, by message id. */
+  function loadMeta() {
+    try { return JSON.parse(stored(STORE.meta) || "{}") || {}; } catch { return {}; }
+  }
+  function rememberMeta(messageId, meta) {
+    const all = loadMeta();
+    delete all[messageId];
+    all[messageId] = meta;
+    const ids = Object.keys(all);
+    for (const old of ids.slice(0, Math.max(0, ids.length - META_KEEP))) delete all[old];
+    store(STORE.meta, JSON.stringify(all));
+  }
+
+  // ---------------------------------------------------------------- state
+
+  const state = {
+    key: stored(STORE.key) || "",
+    authOn: false,
+    assistants: [],
+    assistantId: null,
+    threadId: null,
+    messages: [],          // the thread's messages (its state's values.messages)
+    live: new Map(),       // id -> message being streamed, not in `messages` yet
+    values: null,          // the latest values of the thread
+    citationsFor: null,    // id of the answer the values' sources belong to
+    interrupt: null,       // the pending interrupt's value, if the thread waits for a person
+    run: null,             // the run streaming now
+    toolCalls: new Map(),  // call id -> .tool-call element
+  };
+
+  // ---------------------------------------------------------------- errors
+
+  class ApiFailure extends Error {
+    /**
+     * @param {string} kind backend_down | rate_limited | deadline | auth | server_down | error
+     * @param {string} message what the person reads
+     */
+    constructor(kind, message, status) {
+      super(message);
+      this.kind = kind;
+      this.status = status || 0;
+    }
+  }
+
+  const BACKEND = /\bbackend\b|model server|unreachable|connect/i;
+
+  /** Classify an HTTP error answered before any stream. */
+  function httpFailure(status, detail, retryAfter, backend) {
+    const text = detail || `HTTP ${status}`;
+    if (status === 401 || status === 403) {
+      const what = status === 401 ? "The API key is missing or not valid" : "The API key may not do this";
+      return new ApiFailure("auth", `${what}: ${text}`, status);
+    }
+    if (status === 429) {
+      const wait = retryAfter ? ` Try again in ${retryAfter} s.` : "";
+      return new ApiFailure("rate_limited", `Rate limited: ${text}.${wait}`.replace("..", "."), status);
+    }
+    if (status === 504) return new ApiFailure("deadline", `The run's deadline passed: ${text}`, status);
+    if (status === 502 || (status === 503 && BACKEND.test(text))) {
+      return new ApiFailure("backend_down", `${backendSentence(backend)}: ${text}`, status);
+    }
+    return new ApiFailure("error", `${status >= 500 ? "Server error" : "Request refused"} (${status}): ${text}`, status);
+  }
+
+  function backendSentence(backend) {
+    return `The model backend is unreachable${backend ? ` (${backend})` : ""}`;
+  }
+
+  /** Classify a stream's `error` event ({"error": Type, "message": ...}). */
+  function streamFailure(data, backend) {
+    const type = (data && typeof data === "object" && String(data.error || "")) || "Error";
+    const message = (data && typeof data === "object" && String(data.message || "")) || String(data || "the run failed");
+    switch (type) {
+      case "BackendUnavailable":
+      case "BackendError":
+        return new ApiFailure("backend_down", `${backendSentence(backend)}: ${message}`);
+      case "Unavailable":
+        return BACKEND.test(message)
+          ? new ApiFailure("backend_down", `${backendSentence(backend)}: ${message}`)
+          : new ApiFailure("error", `Unavailable: ${message}`);
+      case "RateLimited":
+        return new ApiFailure("rate_limited", `Rate limited: ${message}`);
+      case "DeadlineExceeded":
+        return new ApiFailure("deadline", `The run's deadline passed: ${message}`);
+      case "PermissionDenied":
+      case "Unauthorized":
+        return new ApiFailure("auth", `Not allowed: ${message}`);
+      default:
+        if (/deadline/i.test(type)) return new ApiFailure("deadline", `The run's deadline passed: ${message}`);
+        return new ApiFailure("error", `${type}: ${message}`);
+    }
+  }
+
+  function showError(failure) {
+    el.error.dataset.kind = failure.kind || "error";
+    el.error.textContent = failure.message;
+    el.error.hidden = false;
+  }
+  function clearError() {
+    el.error.hidden = true;
+    el.error.textContent = "";
+    delete el.error.dataset.kind;
+  }
+  function setStatus(text) { el.status.textContent = text; }
+
+  // ---------------------------------------------------------------- HTTP
+
+  function headers(extra) {
+    const out = { "content-type": "application/json", ...extra };
+    if (state.key) out["x-api-key"] = state.key;
+    return out;
+  }
+
+  async function errorDetail(response) {
+    const text = await response.text().catch(() => "");
+    try {
+      const body = JSON.parse(text);
+      if (body && typeof body.detail === "string") return body.detail;
+      if (body && body.detail !== undefined) return JSON.stringify(body.detail);
+      if (body && body.error && typeof body.error.message === "string") return body.error.message;
+      if (body && typeof body.message === "string") return body.message;
+    } catch { /* not JSON */ }
+    return text.slice(0, 300);
+  }
+
+  /** fetch, with failures turned into ApiFailure; returns the Response when ok. */
+  async function request(method, path, body, { signal, noKey } = {}) {
+    const init = { method, headers: headers(), signal, cache: "no-store" };
+    if (noKey) delete init.headers["x-api-key"];
+    if (body !== undefined) init.body = JSON.stringify(body);
+    let response;
+    try {
+      response = await fetch(path, init);
+    } catch (exc) {
+      if (exc && exc.name === "AbortError") throw exc;
+      throw new ApiFailure("server_down", `The Switchyard server cannot be reached (${exc && exc.message ? exc.message : "network error"}).`);
+    }
+    if (!response.ok) {
+      const detail = await errorDetail(response);
+      throw httpFailure(response.status, detail, response.headers.get("retry-after"), response.headers.get("x-switchyard-backend"));
+    }
+    return response;
+  }
+
+  async function api(method, path, body, options) {
+    const response = await request(method, path, body, options);
+    if (response.status === 204) return null;
+    return response.json();
+  }
+
+  const enc = encodeURIComponent;
+
+  // ---------------------------------------------------------------- SSE
+
+  /**
+   * Read a text/event-stream body: events are separated by a blank line, `data:` lines
+   * are joined with "\n", `event:` names the event, `id:` is kept, comment lines
+   * (":") are skipped. CR, LF and CRLF all end lines, and a chunk may end anywhere
+   * (even between a CR and its LF, or inside a UTF-8 sequence).
+   */
+  async function readEvents(body, onEvent) {
+    const reader = body.getReader();
+    const decoder = new TextDecoder("utf-8");
+    let buffer = "";
+    let first = true;
+    let event = { name: "", data: [], id: null };
+    let lastId = null;
+
+    const dispatchLine = (line) => {
+      if (line === "") {
+        if (event.data.length) onEvent(event.name || "message", event.data.join("\n"), lastId);
+        event = { name: "", data: [], id: null };
+        return;
+      }
+      if (line[0] === ":") return;
+      const colon = line.indexOf(":");
+      const field = colon < 0 ? line : line.slice(0, colon);
+      let value = colon < 0 ? "" : line.slice(colon + 1);
+      if (value[0] === " ") value = value.slice(1);
+      if (field === "event") event.name = value;
+      else if (field === "data") event.data.push(value);
+      else if (field === "id" && !value.includes("\0")) lastId = value;
+    };
+
+    const drain = (final) => {
+      let start = 0;
+      for (let i = 0; i < buffer.length; i++) {
+        const ch = buffer[i];
+        if (ch !== "\n" && ch !== "\r") continue;
+        if (ch === "\r" && i + 1 === buffer.length && !final) break; // its LF may come next
+        dispatchLine(buffer.slice(start, i));
+        if (ch === "\r" && buffer[i + 1] === "\n") i++;
+        start = i + 1;
+      }
+      buffer = buffer.slice(start);
+    };
+
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      if (first && buffer.length) {
+        if (buffer[0] === "\ufeff") buffer = buffer.slice(1);
+        first = false;
+      }
+      drain(false);
+    }
+    buffer += decoder.decode();
+    drain(true);
+    if (buffer) dispatchLine(buffer);
+    // An event not ended by a blank line when the stream closes is dropped (the
+    // EventSource rule): it may be cut short.
+    return lastId;
+  }
+
+  // ---------------------------------------------------------------- messages
+
+  function textOf(content) {
+    if (typeof content === "string") return content;
+    if (Array.isArray(content)) {
+      return content.map((part) => (typeof part === "string" ? part : part && part.type === "text" ? String(part.text || "") : "")).join("");
+    }
+    return content == null ? "" : JSON.stringify(content);
+  }
+
+  function roleOf(message) {
+    const type = String(message.type || message.role || "");
+    if (type === "human" || type === "user" || type === "HumanMessageChunk") return "human";
+    if (type === "tool" || type === "ToolMessageChunk") return "tool";
+    if (type === "system" || type === "SystemMessageChunk") return "system";
+    return "ai";
+  }
+
+  function node(tag, className, text) {
+    const made = document.createElement(tag);
+    if (className) made.className = className;
+    if (text !== undefined) made.textContent = text;
+    return made;
+  }
+
+  function pretty(value) {
+    if (typeof value === "string") {
+      try { return JSON.stringify(JSON.parse(value), null, 2); } catch { return value; }
+    }
+    try { return JSON.stringify(value, null, 2); } catch { return String(value); }
+  }
+
+  function decisionOf(toolMessage) {
+    const artifact = toolMessage.artifact;
+    if (artifact && typeof artifact === "object" && typeof artifact.decision === "string") {
+      return { decision: artifact.decision, reason: String(artifact.reason || "") };
+    }
+    // Messages from before the executor recorded its decision: read the text's prefix.
+    const text = textOf(toolMessage.content);
+    if (text.startsWith("Refused:")) return { decision: "refused", reason: text.slice(8).trim() };
+    if (text.startsWith("Timed out:")) return { decision: "timed_out", reason: text.slice(10).trim() };
+    if (text.startsWith("Error:") || toolMessage.status === "error") return { decision: "failed", reason: text };
+    return { decision: "executed", reason: "" };
+  }
+
+  const messageEls = new Map(); // message id -> .message element
+
+  function messageElement(id, role) {
+    let item = messageEls.get(id);
+    if (item && item.dataset.role === role) return item;
+    if (item) item.remove();
+    item = node("div", "message");
+    item.dataset.role = role;
+    item.dataset.messageId = id;
+    item.appendChild(node("div", "role", role === "human" ? "you" : role === "ai" ? "assistant" : role));
+    if (role === "tool") {
+      const details = node("details", "tool-output");
+      details.appendChild(node("summary", "tool-summary"));
+      details.appendChild(node("div", "text"));
+      item.appendChild(details);
+    } else {
+      item.appendChild(node("div", "text"));
+    }
+    if (role === "ai") {
+      item.appendChild(node("div", "tool-calls"));
+      item.dataset.streaming = "false";
+    }
+    messageEls.set(id, item);
+    return item;
+  }
+
+  function renderToolCalls(item, calls) {
+    const box = item.querySelector(".tool-calls");
+    for (const call of calls) {
+      const callId = String(call.id || `${item.dataset.messageId}:${call.index ?? 0}`);
+      let block = state.toolCalls.get(callId);
+      if (!block || block.parentNode !== box) {
+        if (block) block.remove();
+        block = node("div", "tool-call");
+        block.dataset.callId = callId;
+        block.dataset.decision = "pending";
+        const head = node("div", "tool-head");
+        head.appendChild(node("span", "tool-name"));
+        head.appendChild(node("span", "decision", "pending"));
+        block.appendChild(head);
+        block.appendChild(node("pre", "tool-args"));
+        block.appendChild(node("div", "tool-reason"));
+        block.appendChild(node("pre", "tool-result"));
+        box.appendChild(block);
+        state.toolCalls.set(callId, block);
+      }
+      const name = String(call.name || "");
+      if (name) block.dataset.tool = name;
+      block.querySelector(".tool-name").textContent = name || "…";
+      block.querySelector(".tool-args").textContent = pretty(call.args ?? "");
+    }
+  }
+
+  function applyToolResult(toolMessage) {
+    const block = state.toolCalls.get(String(toolMessage.tool_call_id || ""));
+    if (!block) return;
+    const { decision, reason } = decisionOf(toolMessage);
+    block.dataset.decision = decision;
+    block.querySelector(".decision").textContent = decision.replace("_", " ");
+    block.querySelector(".tool-reason").textContent = decision === "executed" ? "" : reason;
+    block.querySelector(".tool-result").textContent = textOf(toolMessage.content);
+  }
+
+  function renderMeta(item, meta) {
+    let box = item.querySelector(".meta");
+    if (!box) {
+      box = node("div", "meta");
+      for (const [field, label] of [["request-id", "request"], ["run-id", "run"], ["backend", "backend"]]) {
+        const pair = node("span", "pair");
+        pair.appendChild(node("span", "label", `${label} `));
+        const value = node("span", null, DASH);
+        value.dataset.field = field;
+        pair.appendChild(value);
+        box.appendChild(pair);
+      }
+      item.appendChild(box);
+    }
+    const set = (field, value) => { box.querySelector(`[data-field="${field}"]`).textContent = value || DASH; };
+    set("request-id", meta && meta.requestId);
+    set("run-id", meta && meta.runId);
+    set("backend", meta && meta.backend);
+  }
+
+  function updateMessage(message, streaming) {
+    const role = roleOf(message);
+    if (role === "system") return null;
+    const id = String(message.id || "");
+    const item = messageElement(id, role);
+    const text = textOf(message.content);
+    if (role === "tool") {
+      const { decision } = decisionOf(message);
+      item.querySelector(".tool-summary").textContent = `${message.name || "tool"} → ${decision.replace("_", " ")}`;
+      item.dataset.decision = decision;
+      item.querySelector(".text").textContent = text;
+      applyToolResult(message);
+      return item;
+    }
+    const textBox = item.querySelector(".text");
+    if (textBox.textContent !== text) textBox.textContent = text;
+    if (role === "ai") {
+      const calls = Array.isArray(message.tool_calls) && message.tool_calls.length
+        ? message.tool_calls
+        : Array.isArray(message._callChunks) ? message._callChunks : [];
+      if (calls.length) renderToolCalls(item, calls);
+      if (streaming) item.dataset.streaming = "true";
+      const run = state.run;
+      const meta = run && run.aiIds.has(id) ? runMeta(run) : loadMeta()[id];
+      renderMeta(item, meta);
+    }
+    return item;
+  }
+
+  function runMeta(run) {
+    return { requestId: run.requestId, runId: run.runId, backend: run.backend };
+  }
+
+  /** Put the thread's messages, then the ones still streaming, in the DOM in order. */
+  function render() {
+    const wanted = [];
+    const known = new Set();
+    for (const message of state.messages) {
+      const id = String(message.id || "");
+      known.add(id);
+      const streaming = !!(state.run && state.run.aiIds.has(id) && !state.run.ended);
+      const item = updateMessage(message, streaming);
+      if (item) wanted.push(item);
+    }
+    for (const [id, message] of state.live) {
+      if (known.has(id)) continue;
+      const item = updateMessage(message, !!(state.run && !state.run.ended));
+      if (item) wanted.push(item);
+    }
+    for (const message of state.messages) if (roleOf(message) === "tool") applyToolResult(message);
+    renderCitations();
+    // Reorder only what moved: a streaming answer keeps its element.
+    let cursor = el.messages.firstChild;
+    for (const item of wanted) {
+      if (cursor === item) { cursor = cursor.nextSibling; continue; }
+      el.messages.insertBefore(item, cursor);
+    }
+    while (cursor) {
+      const next = cursor.nextSibling;
+      if (cursor.dataset && cursor.dataset.messageId !== undefined) messageEls.delete(cursor.dataset.messageId);
+      cursor.remove();
+      cursor = next;
+    }
+  }
+
+  function scrollDown() {
+    const box = el.messages;
+    if (box.scrollHeight - box.scrollTop - box.clientHeight < 160) box.scrollTop = box.scrollHeight;
+  }
+
+  // ---------------------------------------------------------------- citations and facts
+
+  function renderCitations() {
+    for (const old of el.messages.querySelectorAll(".citations, .facts")) {
+      if (old.parentNode.dataset.messageId !== state.citationsFor) old.remove();
+    }
+    const values = state.values || {};
+    const sources = Array.isArray(values.sources) ? values.sources : [];
+    const facts = Array.isArray(values.facts) ? values.facts : [];
+    const item = state.citationsFor ? messageEls.get(state.citationsFor) : null;
+    if (!item || (!sources.length && !facts.length)) return;
+    const signature = JSON.stringify([sources.map((s) => [s.index, s.chunk_id]), facts.length]);
+    if (item.dataset.citations === signature && item.querySelector(".citations, .facts")) return;
+    for (const old of item.querySelectorAll(".citations, .facts")) old.remove();
+    item.dataset.citations = signature;
+    const anchor = item.querySelector(".meta");
+    if (sources.length) {
+      const box = node("div", "citations");
+      box.appendChild(node("h3", null, "Sources"));
+      for (const source of sources) {
+        const entry = node("details", "citation");
+        entry.dataset.index = String(source.index ?? "");
+        entry.dataset.docId = String(source.doc_id ?? "");
+        const name = source.title || source.source || source.doc_id || "";
+        const heading = source.heading ? ` — ${source.heading}` : "";
+        entry.appendChild(node("summary", null, `[${source.index}] ${name}${heading}`));
+        if (source.source && source.title) entry.appendChild(node("div", "where", String(source.source)));
+        entry.appendChild(node("div", "chunk", String(source.text ?? "")));
+        box.appendChild(entry);
+      }
+      item.insertBefore(box, anchor);
+    }
+    if (facts.length) {
+      const box = node("div", "facts");
+      box.appendChild(node("h3", null, "Graph facts"));
+      for (const fact of facts) {
+        const line = node("div", "fact");
+        line.dataset.docId = String(fact.doc_id ?? "");
+        line.appendChild(node("span", "subject", String(fact.subject ?? "")));
+        line.appendChild(node("span", "relation", ` —${fact.relation ?? ""}→ `));
+        line.appendChild(node("span", "object", String(fact.object ?? "")));
+        const cited = Array.isArray(fact.cited_as) ? fact.cited_as.map((n) => `[${n}]`).join("") : "";
+        const docs = Array.isArray(fact.sources)
+          ? [...new Set(fact.sources.map((s) => s.title || s.source || s.doc_id).filter(Boolean))].join(", ")
+          : "";
+        const where = [cited, docs].filter(Boolean).join(" ");
+        if (where) line.appendChild(node("span", "sources", ` ${where}`));
+        box.appendChild(line);
+      }
+      item.insertBefore(box, anchor);
+    }
+  }
+
+  function lastAnswerId(messages) {
+    for (let i = messages.length - 1; i >= 0; i--) {
+      if (roleOf(messages[i]) === "ai" && textOf(messages[i].content)) return String(messages[i].id || "");
+      if (roleOf(messages[i]) === "human") break;
+    }
+    return null;
+  }
+
+  // ---------------------------------------------------------------- approval
+
+  function interruptsOf(source) {
+    if (!source || typeof source !== "object") return [];
+    const direct = source.__interrupt__ || source.interrupts;
+    if (Array.isArray(direct) && direct.length) return direct;
+    if (Array.isArray(source.tasks)) {
+      for (const task of source.tasks) if (Array.isArray(task.interrupts) && task.interrupts.length) return task.interrupts;
+    }
+    return [];
+  }
+
+  function showApproval(interrupt) {
+    state.interrupt = interrupt;
+    if (!interrupt) { el.approval.hidden = true; return; }
+    const value = interrupt.value && typeof interrupt.value === "object" ? interrupt.value : {};
+    const request = value.action_request || (Array.isArray(value.action_requests) && value.action_requests[0]) || {};
+    const tool = String(request.action || request.name || "");
+    approvalPart(".approval-tool").textContent = tool || "(a tool)";
+    approvalPart(".approval-description").textContent = String(value.description || (typeof interrupt.value === "string" ? interrupt.value : ""));
+    approvalPart(".approval-args").value = pretty(request.args ?? {});
+    approvalPart(".approval-reason").value = "";
+    approvalPart(".approval-error").hidden = true;
+    el.approval.dataset.tool = tool;
+    el.approval.hidden = false;
+    setStatus("interrupted: approval needed");
+  }
+
+  async function answerApproval(action) {
+    if (!state.interrupt || state.run) return;
+    const tool = el.approval.dataset.tool || "";
+    let resume;
+    if (action === "approve") {
+      resume = [{ type: "accept", args: null }];
+    } else if (action === "edit") {
+      let edited;
+      try {
+        edited = JSON.parse(approvalPart(".approval-args").value);
+      } catch (exc) {
+        return approvalProblem(`The arguments are not valid JSON (${exc.message}); nothing was sent.`);
+      }
+      if (!edited || typeof edited !== "object" || Array.isArray(edited)) {
+        return approvalProblem("The arguments must be a JSON object; nothing was sent.");
+      }
+      resume = [{ type: "edit", args: { action: tool, args: edited } }];
+    } else {
+      resume = [{ type: "response", args: approvalPart(".approval-reason").value }];
+    }
+    showApproval(null);
+    await stream({ command: { resume } });
+  }
+
+  function approvalProblem(message) {
+    const box = approvalPart(".approval-error");
+    box.textContent = message;
+    box.hidden = false;
+    showError(new ApiFailure("error", message));
+  }
+
+  // ---------------------------------------------------------------- runs
+
+  function setStreaming(on) {
+    el.send.disabled = on;
+    el.stop.disabled = !on;
+    for (const button of el.approval.querySelectorAll("button")) button.disabled = on;
+  }
+
+  function runIdFrom(location) {
+    const match = /\/runs\/([^/?#]+)/.exec(location || "");
+    return match ? decodeURIComponent(match[1]) : null;
+  }
+
+  function newRun() {
+    return {
+      runId: null, requestId: null, backend: null, ended: false, cancelled: false, failed: false,
+      before: new Set(state.messages.map((m) => String(m.id || ""))),
+      aiIds: new Set(), controller: new AbortController(),
+    };
+  }
+
+  function onChunk(run, chunk) {
+    if (!chunk || typeof chunk !== "object") return;
+    const id = String(chunk.id || "");
+    if (!id) return;
+    const role = roleOf(chunk);
+    if (role === "human" || role === "system") return;
+    const existing = state.live.get(id);
+    if (role === "tool" || !String(chunk.type || "").endsWith("Chunk")) {
+      state.live.set(id, chunk); // a whole message (a tool result, or a node's own answer)
+    } else {
+      const merged = existing || { id, type: "ai", content: "", _callChunks: [] };
+      merged.content = textOf(merged.content) + textOf(chunk.content);
+      for (const part of chunk.tool_call_chunks || []) {
+        const index = part.index ?? merged._callChunks.length;
+        let call = merged._callChunks.find((c) => c.index === index);
+        if (!call) { call = { index, id: null, name: "", args: "" }; merged._callChunks.push(call); }
+        if (part.id) call.id = part.id;
+        if (part.name) call.name += part.name;
+        if (part.args) call.args += part.args;
+      }
+      state.live.set(id, merged);
+    }
+    if (role === "ai" && !run.before.has(id)) run.aiIds.add(id);
+  }
+
+  function onValues(run, values) {
+    if (!values || typeof values !== "object") return;
+    state.values = values;
+    if (Array.isArray(values.messages)) {
+      state.messages = values.messages;
+      for (const message of values.messages) {
+        const id = String(message.id || "");
+        if (roleOf(message) === "ai" && !run.before.has(id)) run.aiIds.add(id);
+      }
+    }
+    const interrupts = interruptsOf(values);
+    if (interrupts.length) run.interrupt = interrupts[0];
+  }
+
+  function handleEvent(run, name, raw) {
+    let data;
+    try { data = JSON.parse(raw); } catch { data = raw; }
+    const base = name.split("|")[0];
+    if (base === "metadata") {
+      if (data && data.run_id) run.runId = String(data.run_id);
+      if (!run.backend && data && data.switchyard_backend) run.backend = String(data.switchyard_backend);
+    } else if (base === "messages") {
+      if (Array.isArray(data)) onChunk(run, data[0]);
+    } else if (base === "values") {
+      onValues(run, data);
+    } else if (base === "updates") {
+      const interrupts = interruptsOf(data);
+      if (interrupts.length) run.interrupt = interrupts[0];
+    } else if (base === "error") {
+      const failure = streamFailure(data, run.backend);
+      if (data && data.error === "RunCancelled") run.cancelled = true;
+      else { run.failed = true; showError(failure); }
+    }
+    render();
+    scrollDown();
+  }
+
+  async function ensureThread() {
+    if (state.threadId) return state.threadId;
+    const assistant = currentAssistant();
+    const thread = await api("POST", "/threads", {
+      metadata: { graph_id: assistant ? assistant.graph_id : state.assistantId, assistant_id: state.assistantId },
+    });
+    selectThread(thread.thread_id);
+    return thread.thread_id;
+  }
+
+  /** One run over runs/stream (a new message, or a resume), or a join of a running one. */
+  async function stream(payload, { joinRunId } = {}) {
+    clearError();
+    const run = newRun();
+    state.run = run;
+    setStreaming(true);
+    setStatus("streaming…");
+    try {
+      const threadId = await ensureThread();
+      let response;
+      if (joinRunId) {
+        run.runId = joinRunId;
+        response = await request("GET", `/threads/${enc(threadId)}/runs/${enc(joinRunId)}/stream`, undefined, { signal: run.controller.signal });
+      } else {
+        if (payload.input && payload.input.messages) {
+          // Shown at once, under the id the thread will keep.
+          state.messages = [...state.messages, ...payload.input.messages];
+          render();
+          scrollDown();
+        }
+        const body = {
+          assistant_id: state.assistantId,
+          stream_mode: STREAM_MODE,
+          stream_resumable: true,
+          on_disconnect: "continue",
+          ...payload,
+        };
+        response = await request("POST", `/threads/${enc(threadId)}/runs/stream`, body, { signal: run.controller.signal });
+      }
+      run.requestId = response.headers.get("x-request-id");
+      run.backend = response.headers.get("x-switchyard-backend") || run.backend;
+      run.runId = runIdFrom(response.headers.get("content-location")) || run.runId;
+      render();
+      await readEvents(response.body, (name, raw) => handleEvent(run, name, raw));
+    } catch (exc) {
+      if (exc && exc.name === "AbortError") run.cancelled = true;
+      else if (exc instanceof ApiFailure) { run.failed = true; showError(exc); }
+      else { run.failed = true; showError(new ApiFailure("error", `The page failed: ${exc && exc.message ? exc.message : exc}`)); }
+    } finally {
+      run.ended = true;
+      for (const id of run.aiIds) rememberMeta(id, runMeta(run));
+      // The thread's state is the truth once the run is over: messages the run kept
+      // (an inner model call's tokens are not among them), sources, a pending interrupt.
+      state.live.clear();
+      state.citationsFor = lastAnswerId(state.messages);
+      render();
+      for (const item of el.messages.querySelectorAll('.message[data-streaming="true"]')) item.dataset.streaming = "false";
+      state.run = null;
+      setStreaming(false);
+      await refreshThread({ after: run });
+    }
+  }
+
+  async function cancelRun() {
+    const run = state.run;
+    if (!run || run.ended) return;
+    run.cancelled = true;
+    setStatus("cancelling…");
+    if (run.runId && state.threadId) {
+      try {
+        await api("POST", `/threads/${enc(state.threadId)}/runs/${enc(run.runId)}/cancel`, {});
+        return; // the stream ends with the run
+      } catch (exc) {
+        if (exc instanceof ApiFailure && exc.status !== 404 && exc.status !== 409) showError(exc);
+      }
+    }
+    run.controller.abort();
+  }
+
+  // ---------------------------------------------------------------- threads
+
+  function setUrl() {
+    const params = new URLSearchParams(location.search);
+    if (state.assistantId) params.set("graph", state.assistantId); else params.delete("graph");
+    if (state.threadId) params.set("thread", state.threadId); else params.delete("thread");
+    const query = params.toString();
+    history.replaceState(null, "", `${location.pathname}${query ? `?${query}` : ""}`);
+    store(STORE.graph, state.assistantId);
+    store(STORE.thread, state.threadId);
+  }
+
+  function selectThread(threadId) {
+    state.threadId = threadId;
+    setUrl();
+    if (threadId && ![...el.threadSelect.options].some((o) => o.value === threadId)) {
+      const option = new Option(`${threadId.slice(0, 8)} (new)`, threadId);
+      el.threadSelect.insertBefore(option, el.threadSelect.options[1] || null);
+    }
+    el.threadSelect.value = threadId || "";
+  }
+
+  function resetConversation() {
+    state.messages = [];
+    state.live.clear();
+    state.values = null;
+    state.citationsFor = null;
+    state.toolCalls.clear();
+    showApproval(null);
+    render();
+  }
+
+  function threadLabel(thread) {
+    const values = thread.values && typeof thread.values === "object" ? thread.values : {};
+    const messages = Array.isArray(values.messages) ? values.messages : [];
+    const first = messages.find((m) => roleOf(m) === "human");
+    let words = first ? textOf(first.content).trim().split(/\s+/).slice(0, 8).join(" ") : "";
+    if (words.length > 48) words = `${words.slice(0, 47)}…`;
+    const when = thread.updated_at ? new Date(thread.updated_at) : null;
+    const time = when && !Number.isNaN(when.getTime())
+      ? when.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" })
+      : "";
+    const busy = thread.status && thread.status !== "idle" ? ` [${thread.status}]` : "";
+    return `${words || thread.thread_id}${time ? ` · ${time}` : ""}${busy}`;
+  }
+
+  async function loadThreads() {
+    const assistant = currentAssistant();
+    const query = {
+      limit: THREADS_LISTED,
+      sort_by: "updated_at",
+      sort_order: "desc",
+      select: ["thread_id", "updated_at", "status", "metadata", "values"],
+    };
+    if (assistant) query.metadata = { graph_id: assistant.graph_id };
+    const threads = await api("POST", "/threads/search", query);
+    el.threadSelect.replaceChildren(new Option("(new thread)", ""));
+    for (const thread of threads) el.threadSelect.appendChild(new Option(threadLabel(thread), thread.thread_id));
+    if (state.threadId && ![...el.threadSelect.options].some((o) => o.value === state.threadId)) {
+      el.threadSelect.appendChild(new Option(state.threadId, state.threadId));
+    }
+    el.threadSelect.value = state.threadId || "";
+  }
+
+  /** Show a thread from its state; join its run if one is streaming. */
+  async function refreshThread({ after } = {}) {
+    const threadId = state.threadId;
+    if (!threadId) return;
+    let threadState;
+    try {
+      threadState = await api("GET", `/threads/${enc(threadId)}/state`);
+    } catch (exc) {
+      if (exc instanceof ApiFailure) showError(exc);
+      if (!after) setStatus("error");
+      return;
+    }
+    if (threadId !== state.threadId) return;
+    const values = threadState && threadState.values && typeof threadState.values === "object" ? threadState.values : {};
+    state.values = values;
+    state.messages = Array.isArray(values.messages) ? values.messages : [];
+    state.citationsFor = lastAnswerId(state.messages);
+    render();
+    const interrupts = interruptsOf(threadState);
+    const interrupt = interrupts.length ? interrupts[0] : after && after.interrupt && Array.isArray(threadState.next) && threadState.next.length ? after.interrupt : null;
+    showApproval(interrupt);
+    if (interrupt) return;
+    if (after) {
+      setStatus(after.cancelled ? "cancelled" : after.failed ? "error" : "ready");
+      loadThreads().catch(() => {});
+      return;
+    }
+    const busy = await busyRun(threadId);
+    if (busy) {
+      setStatus("busy: joining the running run…");
+      await stream({}, { joinRunId: busy });
+      return;
+    }
+    setStatus("ready");
+  }
+
+  async function busyRun(threadId) {
+    try {
+      const thread = await api("GET", `/threads/${enc(threadId)}`);
+      if (!thread || thread.status !== "busy") return null;
+      const runs = await api("GET", `/threads/${enc(threadId)}/runs?limit=10`);
+      const running = (runs || []).find((r) => r.status === "running" || r.status === "pending");
+      if (!running) { setStatus("busy"); return null; }
+      return running.run_id;
+    } catch {
+      return null;
+    }
+  }
+
+  // ---------------------------------------------------------------- graphs
+
+  function currentAssistant() {
+    return state.assistants.find((a) => a.assistant_id === state.assistantId) || null;
+  }
+
+  async function loadAssistants() {
+    state.assistants = await api("POST", "/assistants/search", { limit: 100 });
+    el.graphSelect.replaceChildren();
+    for (const assistant of state.assistants) {
+      el.graphSelect.appendChild(new Option(String(assistant.name || assistant.graph_id), assistant.assistant_id));
+    }
+    const wanted = new URLSearchParams(location.search).get("graph") || stored(STORE.graph);
+    const match = state.assistants.find((a) => a.assistant_id === wanted || a.graph_id === wanted) || state.assistants[0];
+    state.assistantId = match ? match.assistant_id : null;
+    el.graphSelect.value = state.assistantId || "";
+  }
+
+  async function loadDiagram() {
+    el.mermaid.textContent = "";
+    el.diagram.replaceChildren();
+    if (!state.assistantId) return;
+    try {
+      const graph = await api("GET", `/assistants/${enc(state.assistantId)}/graph`);
+      el.mermaid.textContent = mermaid(graph);
+      drawGraph(el.diagram, graph);
+    } catch (exc) {
+      el.mermaid.textContent = `(no diagram: ${exc.message})`;
+    }
+  }
+
+  function graphParts(graph) {
+    const nodes = (Array.isArray(graph.nodes) ? graph.nodes : []).map((n) => ({
+      id: String(n.id),
+      label: String((n.data && typeof n.data === "object" && n.data.name) || n.id),
+    }));
+    const ids = new Set(nodes.map((n) => n.id));
+    const edges = (Array.isArray(graph.edges) ? graph.edges : [])
+      .filter((e) => ids.has(String(e.source)) && ids.has(String(e.target)))
+      .map((e) => ({
+        source: String(e.source),
+        target: String(e.target),
+        conditional: !!e.conditional,
+        label: e.data == null ? "" : String(e.data),
+      }));
+    return { nodes, edges };
+  }
+
+  /** The graph as Mermaid flowchart text (conditional edges dotted). */
+  function mermaid(graph) {
+    const { nodes, edges } = graphParts(graph);
+    const key = new Map(nodes.map((n, i) => [n.id, `n${i}`]));
+    const quote = (s) => `"${s.replace(/"/g, "#quot;")}"`;
+    const lines = ["flowchart TD"];
+    for (const n of nodes) {
+      const terminal = n.id === "__start__" || n.id === "__end__";
+      lines.push(`  ${key.get(n.id)}${terminal ? `([${quote(n.label)}])` : `[${quote(n.label)}]`}`);
+    }
+    for (const e of edges) {
+      const arrow = e.conditional ? "-.->" : "-->";
+      const label = e.label ? `|${quote(e.label)}|` : "";
+      lines.push(`  ${key.get(e.source)} ${arrow}${label} ${key.get(e.target)}`);
+    }
+    return lines.join("\n");
+  }
+
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs, text) {
+    const made = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attrs || {})) made.setAttribute(name, String(value));
+    if (text !== undefined) made.textContent = text;
+    return made;
+  }
+
+  /** A layered drawing: each node one row below its deepest forward predecessor. */
+  function drawGraph(target, graph) {
+    const { nodes, edges } = graphParts(graph);
+    if (!nodes.length) return;
+    const out = new Map(nodes.map((n) => [n.id, []]));
+    for (const e of edges) out.get(e.source).push(e);
+    // Back edges (found by a depth-first search from __start__) do not push layers down.
+    const back = new Set();
+    const seen = new Set();
+    const onPath = new Set();
+    const visit = (id) => {
+      seen.add(id); onPath.add(id);
+      for (const e of out.get(id)) {
+        if (onPath.has(e.target)) back.add(e);
+        else if (!seen.has(e.target)) visit(e.target);
+      }
+      onPath.delete(id);
+    };
+    const start = nodes.find((n) => n.id === "__start__") || nodes[0];
+    visit(start.id);
+    for (const n of nodes) if (!seen.has(n.id)) visit(n.id);
+    const layer = new Map(nodes.map((n) => [n.id, 0]));
+    for (let round = 0; round < nodes.length; round++) {
+      let moved = false;
+      for (const e of edges) {
+        if (back.has(e)) continue;
+        if (layer.get(e.target) < layer.get(e.source) + 1) { layer.set(e.target, layer.get(e.source) + 1); moved = true; }
+      }
+      if (!moved) break;
+    }
+    const end = nodes.find((n) => n.id === "__end__");
+    if (end) layer.set("__end__", Math.max(...layer.values()) + (nodes.length > 1 && [...layer.values()].filter((v) => v === layer.get("__end__")).length > 1 ? 1 : 0));
+    const rows = [];
+    for (const n of nodes) (rows[layer.get(n.id)] ||= []).push(n);
+    const W = 96, H = 24, GAPX = 16, GAPY = 30, PAD = 10;
+    const widest = Math.max(...rows.filter(Boolean).map((r) => r.length));
+    const width = Math.max(1, widest) * (W + GAPX) - GAPX + 2 * PAD + 40;
+    const pos = new Map();
+    rows.forEach((row, r) => {
+      if (!row) return;
+      const rowWidth = row.length * (W + GAPX) - GAPX;
+      row.forEach((n, i) => {
+        pos.set(n.id, { x: (width - 40 - rowWidth) / 2 + i * (W + GAPX), y: PAD + r * (H + GAPY) });
+      });
+    });
+    const height = PAD * 2 + rows.length * (H + GAPY) - GAPY;
+    target.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    const defs = svg("defs");
+    const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" });
+    marker.appendChild(svg("path", { d: "M0,0 L10,5 L0,10 z", class: "arrow" }));
+    defs.appendChild(marker);
+    target.appendChild(defs);
+    for (const e of edges) {
+      const a = pos.get(e.source), b = pos.get(e.target);
+      let d;
+      if (back.has(e) || layer.get(e.target) <= layer.get(e.source)) {
+        const x = Math.max(a.x, b.x) + W;
+        d = `M${a.x + W},${a.y + H / 2} C${x + 30},${a.y + H / 2} ${x + 30},${b.y + H / 2} ${b.x + W},${b.y + H / 2}`;
+      } else {
+        const x1 = a.x + W / 2, y1 = a.y + H, x2 = b.x + W / 2, y2 = b.y;
+        d = `M${x1},${y1} C${x1},${y1 + GAPY / 2} ${x2},${y2 - GAPY / 2} ${x2},${y2}`;
+      }
+      const path = svg("path", { d, class: `edge${e.conditional ? " conditional" : ""}`, "marker-end": "url(#arrow)" });
+      path.appendChild(svg("title", {}, `${e.source} → ${e.target}${e.label ? ` (${e.label})` : ""}`));
+      target.appendChild(path);
+    }
+    for (const n of nodes) {
+      const p = pos.get(n.id);
+      const terminal = n.id === "__start__" || n.id === "__end__";
+      const group = svg("g", { class: `node${terminal ? " terminal" : ""}`, "data-node": n.id });
+      group.appendChild(svg("rect", { x: p.x, y: p.y, width: W, height: H, rx: terminal ? 12 : 4 }));
+      const shown = n.label.length > 14 ? `${n.label.slice(0, 13)}…` : n.label;
+      group.appendChild(svg("text", { x: p.x + W / 2, y: p.y + H / 2 + 4, "text-anchor": "middle" }, shown));
+      group.appendChild(svg("title", {}, n.label));
+      target.appendChild(group);
+    }
+  }
+
+  // ---------------------------------------------------------------- start-up
+
+  /** Is a key needed? Asked without one: a 401/403 means auth is on. */
+  async function probeAuth() {
+    try {
+      await request("POST", "/assistants/search", { limit: 1 }, { noKey: true });
+      state.authOn = false;
+    } catch (exc) {
+      if (exc instanceof ApiFailure && exc.kind === "auth") state.authOn = true;
+      else throw exc;
+    }
+    el.auth.hidden = !state.authOn;
+  }
+
+  async function boot() {
+    document.body.dataset.ready = "false";
+    setStatus("loading…");
+    clearError();
+    try {
+      await probeAuth();
+      if (state.authOn && !state.key) {
+        setStatus("API key needed");
+        el.apiKey.focus();
+        return;
+      }
+      await loadAssistants();
+      const params = new URLSearchParams(location.search);
+      state.threadId = params.get("thread") || (params.get("graph") ? null : stored(STORE.thread)) || null;
+      if (!params.get("thread") && params.get("graph") && stored(STORE.thread) && stored(STORE.graph) === state.assistantId) {
+        state.threadId = stored(STORE.thread);
+      }
+      await adoptThreadGraph();
+      setUrl();
+      await Promise.all([loadDiagram(), loadThreads().catch((exc) => showError(exc))]);
+      resetConversation();
+      document.body.dataset.ready = "true";
+      if (state.threadId) await refreshThread();
+      else setStatus("ready");
+    } catch (exc) {
+      showError(exc instanceof ApiFailure ? exc : new ApiFailure("error", String(exc && exc.message ? exc.message : exc)));
+      setStatus("error");
+    }
+  }
+
+  /** A thread opened by its id belongs to a graph: select that graph. */
+  async function adoptThreadGraph() {
+    if (!state.threadId) return;
+    try {
+      const thread = await api("GET", `/threads/${enc(state.threadId)}`);
+      const graphId = thread && thread.metadata && (thread.metadata.assistant_id || thread.metadata.graph_id);
+      const match = graphId && state.assistants.find((a) => a.assistant_id === graphId || a.graph_id === graphId);
+      if (match && match.assistant_id !== state.assistantId) {
+        state.assistantId = match.assistant_id;
+        el.graphSelect.value = state.assistantId;
+      }
+    } catch (exc) {
+      if (exc instanceof ApiFailure && exc.status === 404) {
+        state.threadId = null; // gone (deleted, or another server's): start a new one
+        return;
+      }
+      throw exc;
+    }
+  }
+
+  // ---------------------------------------------------------------- events
+
+  el.keyForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const key = el.apiKey.value.trim();
+    if (!key) return;
+    state.key = key;
+    store(STORE.key, key);
+    el.apiKey.value = "";
+    el.apiKey.placeholder = "a key is saved";
+    boot();
+  });
+
+  el.forgetKey.addEventListener("click", () => {
+    state.key = "";
+    store(STORE.key, null);
+    el.apiKey.value = "";
+    el.apiKey.placeholder = "sk-…";
+    boot();
+  });
+
+  el.graphSelect.addEventListener("change", async () => {
+    if (state.run) return;
+    state.assistantId = el.graphSelect.value || null;
+    state.threadId = null;
+    setUrl();
+    resetConversation();
+    clearError();
+    await Promise.all([loadDiagram(), loadThreads().catch((exc) => showError(exc))]);
+    setStatus("ready");
+  });
+
+  el.threadSelect.addEventListener("change", async () => {
+    if (state.run) { el.threadSelect.value = state.threadId || ""; return; }
+    state.threadId = el.threadSelect.value || null;
+    setUrl();
+    resetConversation();
+    clearError();
+    if (state.threadId) await refreshThread(); else setStatus("ready");
+  });
+
+  el.newThread.addEventListener("click", () => {
+    if (state.run) return;
+    state.threadId = null;
+    setUrl();
+    el.threadSelect.value = "";
+    resetConversation();
+    clearError();
+    setStatus("ready");
+    el.input.focus();
+  });
+
+  el.composer.addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+
+  el.input.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      send();
+    }
+  });
+
+  el.stop.addEventListener("click", () => { cancelRun(); });
+
+  for (const button of el.approval.querySelectorAll("button[data-action]")) {
+    button.addEventListener("click", () => { answerApproval(button.dataset.action); });
+  }
+
+  function newId() {
+    if (crypto && typeof crypto.randomUUID === "function") return crypto.randomUUID();
+    return `msg-${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`;
+  }
+
+  async function send() {
+    const text = el.input.value.trim();
+    if (!text || state.run || !state.assistantId) return;
+    if (state.interrupt) {
+      showError(new ApiFailure("error", "The run waits for an approval: approve, edit or reject the tool call first."));
+      return;
+    }
+    el.input.value = "";
+    await stream({ input: { messages: [{ type: "human", content: text, id: newId() }] } });
+  }
+
+  boot();
+})();
