@@ -63,6 +63,7 @@
     threadId: null,
     messages: [],          // the thread's messages (its state's values.messages)
     live: new Map(),       // id -> message being streamed, not in `messages` yet
+    partial: [],           // answers cut short by a stop or an error (not kept by the thread)
     values: null,          // the latest values of the thread
     citationsFor: null,    // id of the answer the values' sources belong to
     interrupt: null,       // the pending interrupt's value, if the thread waits for a person
@@ -99,13 +100,14 @@
     }
     if (status === 504) return new ApiFailure("deadline", `The run's deadline passed: ${text}`, status);
     if (status === 502 || (status === 503 && BACKEND.test(text))) {
-      return new ApiFailure("backend_down", `${backendSentence(backend)}: ${text}`, status);
+      return new ApiFailure("backend_down", `${backendSentence(backend, text)}: ${text}`, status);
     }
     return new ApiFailure("error", `${status >= 500 ? "Server error" : "Request refused"} (${status}): ${text}`, status);
   }
 
-  function backendSentence(backend) {
-    return `The model backend is unreachable${backend ? ` (${backend})` : ""}`;
+  function backendSentence(backend, message) {
+    const named = backend || (/backend '([^']+)'/.exec(message || "") || [])[1];
+    return `The model backend is unreachable${named ? ` (${named})` : ""}`;
   }
 
   /** Classify a stream's `error` event ({"error": Type, "message": ...}). */
@@ -115,10 +117,10 @@
     switch (type) {
       case "BackendUnavailable":
       case "BackendError":
-        return new ApiFailure("backend_down", `${backendSentence(backend)}: ${message}`);
+        return new ApiFailure("backend_down", `${backendSentence(backend, message)}: ${message}`);
       case "Unavailable":
         return BACKEND.test(message)
-          ? new ApiFailure("backend_down", `${backendSentence(backend)}: ${message}`)
+          ? new ApiFailure("backend_down", `${backendSentence(backend, message)}: ${message}`)
           : new ApiFailure("error", `Unavailable: ${message}`);
       case "RateLimited":
         return new ApiFailure("rate_limited", `Rate limited: ${message}`);
@@ -134,6 +136,7 @@
   }
 
   function showError(failure) {
+    if (failure.kind === "auth" && state.authOn) el.auth.hidden = false;
     el.error.dataset.kind = failure.kind || "error";
     el.error.textContent = failure.message;
     el.error.hidden = false;
@@ -429,8 +432,19 @@
     }
     for (const [id, message] of state.live) {
       if (known.has(id)) continue;
+      known.add(id);
       const item = updateMessage(message, !!(state.run && !state.run.ended));
       if (item) wanted.push(item);
+    }
+    for (const message of state.partial) {
+      const id = String(message.id || "");
+      if (known.has(id)) continue;
+      const item = updateMessage(message, false);
+      if (!item) continue;
+      if (!item.querySelector(".partial-note")) {
+        item.insertBefore(node("div", "partial-note", "stopped before the end: not kept in the thread"), item.querySelector(".meta"));
+      }
+      wanted.push(item);
     }
     for (const message of state.messages) if (roleOf(message) === "tool") applyToolResult(message);
     renderCitations();
@@ -671,6 +685,7 @@
     clearError();
     const run = newRun();
     state.run = run;
+    state.partial = [];
     setStreaming(true);
     setStatus("streaming…");
     try {
@@ -706,9 +721,14 @@
       else { run.failed = true; showError(new ApiFailure("error", `The page failed: ${exc && exc.message ? exc.message : exc}`)); }
     } finally {
       run.ended = true;
+      if (run.runId && !run.backend && !run.failed) await runBackend(run);
       for (const id of run.aiIds) rememberMeta(id, runMeta(run));
       // The thread's state is the truth once the run is over: messages the run kept
       // (an inner model call's tokens are not among them), sources, a pending interrupt.
+      if (run.cancelled || run.failed) {
+        const kept = new Set(state.messages.map((m) => String(m.id || "")));
+        state.partial = [...state.live.values()].filter((m) => roleOf(m) === "ai" && textOf(m.content) && !kept.has(String(m.id || "")));
+      }
       state.live.clear();
       state.citationsFor = lastAnswerId(state.messages);
       render();
@@ -717,6 +737,15 @@
       setStreaming(false);
       await refreshThread({ after: run });
     }
+  }
+
+  /** A resumed or joined run's backend, from the run's metadata (no header then). */
+  async function runBackend(run) {
+    try {
+      const record = await api("GET", `/threads/${enc(state.threadId)}/runs/${enc(run.runId)}`);
+      const backend = record && record.metadata && record.metadata.switchyard_backend;
+      if (backend) run.backend = String(backend);
+    } catch { /* shown as "—" */ }
   }
 
   async function cancelRun() {
@@ -739,11 +768,13 @@
 
   function setUrl() {
     const params = new URLSearchParams(location.search);
-    if (state.assistantId) params.set("graph", state.assistantId); else params.delete("graph");
+    const assistant = currentAssistant();
+    const graph = assistant ? assistant.graph_id : state.assistantId;
+    if (graph) params.set("graph", graph); else params.delete("graph");
     if (state.threadId) params.set("thread", state.threadId); else params.delete("thread");
     const query = params.toString();
     history.replaceState(null, "", `${location.pathname}${query ? `?${query}` : ""}`);
-    store(STORE.graph, state.assistantId);
+    store(STORE.graph, graph);
     store(STORE.thread, state.threadId);
   }
 
@@ -760,6 +791,7 @@
   function resetConversation() {
     state.messages = [];
     state.live.clear();
+    state.partial = [];
     state.values = null;
     state.citationsFor = null;
     state.toolCalls.clear();
@@ -958,13 +990,14 @@
     for (const n of nodes) (rows[layer.get(n.id)] ||= []).push(n);
     const W = 96, H = 24, GAPX = 16, GAPY = 30, PAD = 10;
     const widest = Math.max(...rows.filter(Boolean).map((r) => r.length));
-    const width = Math.max(1, widest) * (W + GAPX) - GAPX + 2 * PAD + 40;
+    const SIDE = 36; // room for edges drawn around the rows, left and right
+    const width = Math.max(1, widest) * (W + GAPX) - GAPX + 2 * SIDE;
     const pos = new Map();
     rows.forEach((row, r) => {
       if (!row) return;
       const rowWidth = row.length * (W + GAPX) - GAPX;
       row.forEach((n, i) => {
-        pos.set(n.id, { x: (width - 40 - rowWidth) / 2 + i * (W + GAPX), y: PAD + r * (H + GAPY) });
+        pos.set(n.id, { x: (width - rowWidth) / 2 + i * (W + GAPX), y: PAD + r * (H + GAPY) });
       });
     });
     const height = PAD * 2 + rows.length * (H + GAPY) - GAPY;
@@ -978,8 +1011,13 @@
       const a = pos.get(e.source), b = pos.get(e.target);
       let d;
       if (back.has(e) || layer.get(e.target) <= layer.get(e.source)) {
+        // Upwards: around the right side.
         const x = Math.max(a.x, b.x) + W;
         d = `M${a.x + W},${a.y + H / 2} C${x + 30},${a.y + H / 2} ${x + 30},${b.y + H / 2} ${b.x + W},${b.y + H / 2}`;
+      } else if (layer.get(e.target) - layer.get(e.source) > 1) {
+        // Past the rows between: around the left side, not through their nodes.
+        const x = Math.min(a.x, b.x);
+        d = `M${a.x},${a.y + H / 2} C${x - 30},${a.y + H / 2} ${x - 30},${b.y + H / 2} ${b.x},${b.y + H / 2}`;
       } else {
         const x1 = a.x + W / 2, y1 = a.y + H, x2 = b.x + W / 2, y2 = b.y;
         d = `M${x1},${y1} C${x1},${y1 + GAPY / 2} ${x2},${y2 - GAPY / 2} ${x2},${y2}`;
@@ -1004,6 +1042,7 @@
 
   /** Is a key needed? Asked without one: a 401/403 means auth is on. */
   async function probeAuth() {
+    if (state.authProbed) return;
     try {
       await request("POST", "/assistants/search", { limit: 1 }, { noKey: true });
       state.authOn = false;
@@ -1011,6 +1050,7 @@
       if (exc instanceof ApiFailure && exc.kind === "auth") state.authOn = true;
       else throw exc;
     }
+    state.authProbed = true;
     el.auth.hidden = !state.authOn;
   }
 
@@ -1028,7 +1068,8 @@
       await loadAssistants();
       const params = new URLSearchParams(location.search);
       state.threadId = params.get("thread") || (params.get("graph") ? null : stored(STORE.thread)) || null;
-      if (!params.get("thread") && params.get("graph") && stored(STORE.thread) && stored(STORE.graph) === state.assistantId) {
+      const assistant = currentAssistant();
+      if (!params.get("thread") && params.get("graph") && stored(STORE.thread) && assistant && stored(STORE.graph) === assistant.graph_id) {
         state.threadId = stored(STORE.thread);
       }
       await adoptThreadGraph();
