@@ -2,7 +2,7 @@
 //
 // Plain script, no build step, no third-party code. Every string that comes from the
 // server (answers, titles, tool arguments, thread metadata, error messages) reaches the
-// DOM through textContent or setAttribute, never through innerHTML; the page's CSP
+// DOM through textContent or setAttribute, never parsed as HTML; the page's CSP
 // forbids inline script and foreign origins as a second line of defence.
 "use strict";
 
