@@ -593,6 +593,9 @@
     el.send.disabled = on;
     el.stop.disabled = !on;
     for (const button of el.approval.querySelectorAll("button")) button.disabled = on;
+    el.graphSelect.disabled = on;
+    el.threadSelect.disabled = on;
+    el.newThread.disabled = on;
   }
 
   function runIdFrom(location) {
