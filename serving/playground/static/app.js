@@ -401,7 +401,8 @@
       return item;
     }
     const textBox = item.querySelector(".text");
-    if (textBox.textContent !== text) textBox.textContent = text;
+    const shown = role === "ai" ? text.replace(/^\s*\n/, "") : text; // a node's leading blank lines
+    if (textBox.textContent !== shown) textBox.textContent = shown;
     if (role === "ai") {
       const calls = Array.isArray(message.tool_calls) && message.tool_calls.length
         ? message.tool_calls
@@ -1018,9 +1019,14 @@
         const x = Math.max(a.x, b.x) + W;
         d = `M${a.x + W},${a.y + H / 2} C${x + 30},${a.y + H / 2} ${x + 30},${b.y + H / 2} ${b.x + W},${b.y + H / 2}`;
       } else if (layer.get(e.target) - layer.get(e.source) > 1) {
-        // Past the rows between: around the left side, not through their nodes.
-        const x = Math.min(a.x, b.x);
-        d = `M${a.x},${a.y + H / 2} C${x - 30},${a.y + H / 2} ${x - 30},${b.y + H / 2} ${b.x},${b.y + H / 2}`;
+        // Past the rows between: around the side the source is on, not through their nodes.
+        if (a.x + W / 2 > width / 2 + 1) {
+          const x = Math.max(a.x, b.x) + W;
+          d = `M${a.x + W},${a.y + H / 2} C${x + 30},${a.y + H / 2} ${x + 30},${b.y + H / 2} ${b.x + W},${b.y + H / 2}`;
+        } else {
+          const x = Math.min(a.x, b.x);
+          d = `M${a.x},${a.y + H / 2} C${x - 30},${a.y + H / 2} ${x - 30},${b.y + H / 2} ${b.x},${b.y + H / 2}`;
+        }
       } else {
         const x1 = a.x + W / 2, y1 = a.y + H, x2 = b.x + W / 2, y2 = b.y;
         d = `M${x1},${y1} C${x1},${y1 + GAPY / 2} ${x2},${y2 - GAPY / 2} ${x2},${y2}`;
