@@ -26,6 +26,7 @@ from pydantic_core import PydanticOmit
 from graphs import CLIENT_CONTEXT_FIELDS, RunContext
 from serving.deps import PrincipalDep
 from serving.errors import ServingError
+from serving.langgraph_api.bodies import JsonBodyRoute
 from serving.langgraph_api.protocol import Assistant
 from serving.langgraph_api.router import ServiceDep
 from serving.langgraph_api.router import router as langgraph_router
@@ -36,7 +37,10 @@ __all__ = ["graph_json", "graph_schemas", "router"]
 log = logging.getLogger(__name__)
 
 router = APIRouter(
-    tags=["langgraph"], dependencies=list(langgraph_router.dependencies), responses=dict(langgraph_router.responses)
+    tags=["langgraph"],
+    dependencies=list(langgraph_router.dependencies),
+    responses=dict(langgraph_router.responses),
+    route_class=JsonBodyRoute,
 )
 
 AssistantIdPath = Annotated[str, Path(description="A graph id, or its system assistant's UUID")]

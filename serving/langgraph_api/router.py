@@ -13,6 +13,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Resp
 from serving._tasks import RunCancelledError, RunDeadlineError
 from serving.errors import ServingError
 from serving.deps import DeadlineDep, PrincipalDep, RequestIdDep, require_key
+from serving.langgraph_api.bodies import JsonBodyRoute
 from serving.langgraph_api.protocol import (
     Assistant,
     AssistantCount,
@@ -80,7 +81,10 @@ _STREAM = {
     }
 }
 
-router = APIRouter(tags=["langgraph"], dependencies=[require_key, Depends(_deadline_in_state)], responses=_ERRORS)
+# Bodies are JSON whatever their label (Agent Chat UI's proxy sends text/plain): see `bodies`.
+router = APIRouter(
+    tags=["langgraph"], dependencies=[require_key, Depends(_deadline_in_state)], responses=_ERRORS, route_class=JsonBodyRoute
+)
 
 
 async def _service(request: Request) -> LangGraphService:

@@ -38,6 +38,7 @@ from serving._json import json_problem
 from serving.auth import Principal
 from serving.deps import PrincipalDep, require_key
 from serving.errors import RequestError, ServingError
+from serving.langgraph_api.bodies import JsonBodyRoute
 from serving.langgraph_api.protocol import Detail
 from serving.store import StoreBackend, TenantStore
 
@@ -303,7 +304,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     }.items()
 }
 
-router = APIRouter(tags=["store"], dependencies=[require_key], responses=_ERRORS)
+router = APIRouter(tags=["store"], dependencies=[require_key], responses=_ERRORS, route_class=JsonBodyRoute)
 
 
 async def _service(request: Request) -> StoreService:

@@ -278,3 +278,42 @@ async def test_other_tenants_threads_are_404_on_every_new_route(clients: dict[st
     assert (await acme.threads.get(tid))["status"] == "idle"
     with pytest.raises(httpx.HTTPStatusError):
         await globex.threads.get(tid)
+
+
+async def test_a_keyed_text_plain_body_is_read_as_json(ops_server: OpsServer) -> None:
+    """Agent Chat UI's production proxy (``langgraph-nextjs-api-passthrough``) forwards a
+    body as text and drops the SDK's ``content-type``: its ``fetch`` labels it
+    ``text/plain;charset=UTF-8``. A keyed request's body is JSON whatever that label
+    says (as LangGraph Server reads it); an unkeyed one is refused (401), never parsed
+    into a run, and a label that is neither JSON nor text keeps its 422."""
+    key = ops_server.keys["acme"]
+    raw = '{"metadata": {"via": "proxy"}}'
+    async with httpx.AsyncClient(base_url=ops_server.handle.url) as http:
+        for label in ("text/plain;charset=UTF-8", "text/plain", None):
+            headers = {"x-api-key": key, **({"content-type": label} if label else {})}
+            created = await http.post("/threads", content=raw, headers=headers)
+            assert created.status_code == 200, (label, created.text)
+            tid = created.json()["thread_id"]
+            assert created.json()["metadata"] == {"via": "proxy"}
+            bearer = {"authorization": f"Bearer {key}", "content-type": "text/plain;charset=UTF-8"}
+            found = await http.post("/threads/search", content='{"metadata": {"via": "proxy"}, "limit": 100}', headers=bearer)
+            assert found.status_code == 200, found.text
+            assert tid in [t["thread_id"] for t in found.json()]
+        # A run and the history, as the proxy forwards them.
+        text = {"x-api-key": key, "content-type": "text/plain;charset=UTF-8"}
+        ran = await http.post(
+            f"/threads/{tid}/runs/wait", content='{"assistant_id": "chat", "input": {"messages": [{"role": "user", "content": "hi"}]}}',
+            headers=text,
+        )
+        assert ran.status_code == 200, ran.text
+        assert ran.json()["messages"][-1]["type"] == "ai"
+        history = await http.post(f"/threads/{tid}/history", content='{"limit": 10}', headers=text)
+        assert history.status_code == 200 and len(history.json()) > 1, history.text
+        # Broken JSON under the text label: the same 422 as under application/json.
+        broken = await http.post("/threads", content="{", headers=text)
+        assert broken.status_code == 422, broken.text
+        # No key: nothing is read (a browser sends text/plain across origins unasked).
+        unkeyed = await http.post("/threads", content=raw, headers={"content-type": "text/plain"})
+        assert unkeyed.status_code == 401, unkeyed.text
+        form = await http.post("/threads", content=raw, headers={"x-api-key": key, "content-type": "application/x-www-form-urlencoded"})
+        assert form.status_code == 422, form.text
