@@ -329,8 +329,9 @@
     return item;
   }
 
-  function renderToolCalls(item, calls) {
+  function renderToolCalls(item, calls, final) {
     const box = item.querySelector(".tool-calls");
+    const rendered = new Set();
     for (const call of calls) {
       const callId = String(call.id || `${item.dataset.messageId}:${call.index ?? 0}`);
       let block = state.toolCalls.get(callId);
@@ -353,6 +354,15 @@
       if (name) block.dataset.tool = name;
       block.querySelector(".tool-name").textContent = name || "…";
       block.querySelector(".tool-args").textContent = pretty(call.args ?? "");
+      rendered.add(block);
+    }
+    if (final) {
+      // The message's own calls replace what streamed (a chunk's call may have had no id yet).
+      for (const block of [...box.children]) {
+        if (rendered.has(block)) continue;
+        state.toolCalls.delete(block.dataset.callId);
+        block.remove();
+      }
     }
   }
 
@@ -404,10 +414,9 @@
     const shown = role === "ai" ? text.replace(/^\s*\n/, "") : text; // a node's leading blank lines
     if (textBox.textContent !== shown) textBox.textContent = shown;
     if (role === "ai") {
-      const calls = Array.isArray(message.tool_calls) && message.tool_calls.length
-        ? message.tool_calls
-        : Array.isArray(message._callChunks) ? message._callChunks : [];
-      if (calls.length) renderToolCalls(item, calls);
+      const final = Array.isArray(message.tool_calls) && message.tool_calls.length > 0;
+      const calls = final ? message.tool_calls : Array.isArray(message._callChunks) ? message._callChunks : [];
+      if (calls.length) renderToolCalls(item, calls, final);
       if (streaming) item.dataset.streaming = "true";
       const run = state.run;
       const meta = run && run.aiIds.has(id) ? runMeta(run) : loadMeta()[id];
@@ -548,7 +557,9 @@
     const request = value.action_request || (Array.isArray(value.action_requests) && value.action_requests[0]) || {};
     const tool = String(request.action || request.name || "");
     approvalPart(".approval-tool").textContent = tool || "(a tool)";
-    approvalPart(".approval-description").textContent = String(value.description || (typeof interrupt.value === "string" ? interrupt.value : ""));
+    // Another graph's interrupt (not a tool approval): its value is shown as it is.
+    const description = value.description || (tool ? "" : pretty(interrupt.value));
+    approvalPart(".approval-description").textContent = String(description);
     approvalPart(".approval-args").value = pretty(request.args ?? {});
     approvalPart(".approval-reason").value = "";
     approvalPart(".approval-error").hidden = true;
@@ -655,6 +666,8 @@
     let data;
     try { data = JSON.parse(raw); } catch { data = raw; }
     const base = name.split("|")[0];
+    // A subgraph's own values and updates (`name|namespace`) are not the thread's.
+    if (base !== name && base !== "messages" && base !== "error") return;
     if (base === "metadata") {
       if (data && data.run_id) run.runId = String(data.run_id);
       if (!run.backend && data && data.switchyard_backend) run.backend = String(data.switchyard_backend);
@@ -718,7 +731,12 @@
       run.backend = response.headers.get("x-switchyard-backend") || run.backend;
       run.runId = runIdFrom(response.headers.get("content-location")) || run.runId;
       render();
-      await readEvents(response.body, (name, raw) => handleEvent(run, name, raw));
+      try {
+        await readEvents(response.body, (name, raw) => handleEvent(run, name, raw));
+      } catch (exc) {
+        if (exc && exc.name === "AbortError") throw exc;
+        throw new ApiFailure("server_down", `The connection to the Switchyard server was lost during the answer (${exc && exc.message ? exc.message : "network error"}).`);
+      }
     } catch (exc) {
       if (exc && exc.name === "AbortError") run.cancelled = true;
       else if (exc instanceof ApiFailure) { run.failed = true; showError(exc); }
@@ -1064,6 +1082,7 @@
   }
 
   async function boot() {
+    el.apiKey.placeholder = state.key ? "a key is saved" : "sk-…";
     document.body.dataset.ready = "false";
     setStatus("loading…");
     clearError();
