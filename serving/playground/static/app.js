@@ -862,7 +862,7 @@
       threadState = await api("GET", `/threads/${enc(threadId)}/state`);
     } catch (exc) {
       if (exc instanceof ApiFailure) showError(exc);
-      if (!after) setStatus("error");
+      setStatus("error");
       return;
     }
     if (threadId !== state.threadId) return;
