@@ -278,7 +278,7 @@ def playground_server(
             "gateway": {"models_file": str(models)},
             "graphs": {
                 "chat": {"path": "graphs.chat:make_graph", "model": "chat-default"},
-                "agent": {"path": "tests.fakes.graphs:make_probe_agent", "model": "fake-tools", "tools": ["probe", "calculator"]},
+                "agent": {"path": "tests.fakes.graphs:make_probe_agent", "model": "fake-tools", "tools": ["probe", "calculator", "sleepy", "boom"]},
                 "echo": {"path": f"{_HERE}:make_echo_graph", "model": "fake-ok"},
                 "slow": {"path": f"{_HERE}:make_slow_graph", "model": "fake-ok"},
                 "offline": {"path": "graphs.chat:make_graph", "model": "offline"},
@@ -288,6 +288,18 @@ def playground_server(
         handle = start_server(tmp, settings, env={PROBE_LOG_ENV: str(probe_log)})
         stack.callback(stop_server, handle)
         yield Playground(server=handle, assistants=_assistants(handle), probe_log=probe_log, offline=offline)
+
+
+@pytest.fixture
+def doomed_server(tmp_path: Path, fake_backend_url: str) -> Iterator[Playground]:
+    """``switchyard serve --dev`` with ``chat`` on the fake, for one test that stops it."""
+    models = _registry(tmp_path, None, fake_backend_url)
+    graphs = {"chat": {"path": "graphs.chat:make_graph", "model": "fake-ok"}}
+    handle = start_server(tmp_path, {"gateway": {"models_file": str(models)}, "graphs": graphs})
+    try:
+        yield Playground(server=handle, assistants=_assistants(handle))
+    finally:
+        stop_server(handle)
 
 
 TENANTS: dict[str, Any] = {

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
+from tests.conftest import stop_server
 from tests.playground.conftest import ARTIFACTS, HOSTILE, MODEL_TIMEOUT_MS, TIMEOUT_MS, Playground
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llm]
@@ -103,6 +104,8 @@ def wait_run_ended(page: Page, before: int, timeout: float = TIMEOUT_MS) -> Loca
 
 
 def thread_in_url(page: Page) -> str:
+    """The thread the page's address names (once the page has made one)."""
+    expect(page).to_have_url(re.compile(r"[?&]thread=[^&]+"))
     threads = parse_qs(urlparse(page.url).query).get("thread")
     assert threads, f"no thread in the page's address: {page.url}"
     return threads[0]
@@ -241,6 +244,13 @@ def test_thread_resumes_after_reload(page: Page, playground_server: Playground) 
     assert text_of(messages[1]).strip() == first_answer
     expect(page.locator("#messages .message[data-role=human] .text")).to_have_text([first, second])
 
+    # A new thread starts empty; picking the old one in the list shows it again.
+    page.locator("#new-thread").click()
+    expect(page.locator("#messages .message")).to_have_count(0)
+    page.locator("#thread-select").select_option(value=thread_id)
+    expect(page.locator("#messages .message[data-role=human] .text")).to_have_text([first, second])
+    assert thread_in_url(page) == thread_id
+
     # Opened again without the thread in the address: localStorage remembers it.
     page.goto(f"{app.url}/playground")
     expect(page.locator("body")).to_have_attribute("data-ready", "true")
@@ -324,6 +334,29 @@ def test_edit_runs_the_tool_with_edited_args(page: Page, playground_server: Play
     assert app.probe_runs("probe edited") == before + 1
 
 
+@pytest.mark.parametrize(
+    ("script", "tool", "decision", "result"),
+    [
+        ("sleepy", "sleepy", "timed_out", "Timed out"),
+        ("boom", "boom", "failed", "Error"),
+        ("disallowed", "http_get", "refused", "Refused"),
+    ],
+)
+def test_tool_call_decisions(page: Page, playground_server: Playground, script: str, tool: str, decision: str, result: str) -> None:
+    """A call that needs no approval shows its arguments, then the executor's decision
+    (from the tool message's artifact) and its result, as the run goes on."""
+    app = playground_server
+    open_playground(page, app)
+    choose_graph(page, app, "agent")
+    answer = wait_run_ended(page, send(page, f"SCRIPT:{script}"))
+    call = page.locator(f".tool-call[data-tool={tool}]").last
+    expect(call).to_have_attribute("data-decision", decision)
+    expect(call.locator(".tool-result")).to_contain_text(result)
+    expect(call).to_have_attribute("data-call-id", re.compile(r"\S"))
+    expect(answer.locator(".text")).to_have_text(FAKE_ANSWER)
+    expect(page.locator("#approval")).to_be_hidden()
+
+
 # ---- what a hostile string becomes ---------------------------------------------------------
 
 
@@ -338,7 +371,10 @@ def test_hostile_strings_are_shown_as_text(page: Page, playground_server: Playgr
     expect(page.locator("#messages .message[data-role=human] .text")).to_have_text([HOSTILE])
     citation = answer.locator(".citations .citation[data-index='1']")
     expect(citation).to_have_attribute("data-doc-id", "doc-echo")
-    expect(citation).to_contain_text(HOSTILE)
+    expect(citation).to_contain_text(f"[1] {HOSTILE}")
+    expect(citation.get_by_text("The chunk says:")).to_be_hidden()
+    citation.locator("summary").click()  # expanded: the chunk's text
+    expect(citation.get_by_text("The chunk says:")).to_be_visible()
     fact = answer.locator(".fact").first
     expect(fact).to_contain_text("MENTIONS")
     expect(fact).to_contain_text(HOSTILE)
@@ -393,6 +429,7 @@ def test_reload_during_a_run_shows_the_thread_busy(page: Page, playground_server
     choose_graph(page, app, "slow")
     send(page, "Take your time.")
     expect(page.locator("#stop")).to_be_enabled()
+    expect(page.locator("#messages .message[data-role=ai] .text")).to_have_text([FAKE_ANSWER])
     thread_id = thread_in_url(page)
     try:
         page.reload()
@@ -427,6 +464,20 @@ def test_backend_stopped_shows_backend_down(page: Page, playground_server: Playg
     expect(error).to_contain_text("offline")
     expect(page.locator("#send")).to_be_enabled()
     expect(page.locator("#messages [data-streaming=true]")).to_have_count(0)
+
+
+def test_server_stopped_shows_server_down(page: Page, doomed_server: Playground) -> None:
+    """When the server itself is gone, the page says so (the fetch fails)."""
+    app = doomed_server
+    open_playground(page, app)
+    choose_graph(page, app, "chat")
+    wait_run_ended(page, send(page, "Hello?"))
+    stop_server(app.server)
+    send(page, "Still there?")
+    error = page.locator("#error")
+    expect(error).to_be_visible()
+    expect(error).to_have_attribute("data-kind", "server_down")
+    expect(page.locator("#send")).to_be_enabled()
 
 
 def test_auth_key_field(page: Page, keyed_server: Playground) -> None:
