@@ -21,6 +21,7 @@ from typing import Any, get_args
 import orjson
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.constants import END
 from langgraph.errors import InvalidUpdateError
 from langgraph.pregel import Pregel
 from langgraph.store.base import BaseStore
@@ -279,6 +280,9 @@ class _Prepared:
     graph_input: Any
     model_params: dict[str, Any]
     collection: str | None
+    resolve: bool = False
+    """``command.goto: "__end__"``: the run ends the thread's pending tasks and runs
+    nothing (see `_resolves`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,6 +383,16 @@ class _EventErrors:
                 return value
             return mapped if not isinstance(value, tuple) else tuple(mapped)
         return value
+
+
+def _resolves(command: RunCommand) -> bool:
+    """Whether ``command`` is ``{"goto": "__end__"}`` alone: what Agent Chat UI's "Mark as
+    Resolved" sends for an interrupted thread. LangGraph itself would ignore the goto
+    (no channel leads to END) and ask the same question again; here the thread's
+    pending tasks end (``update_state(None, as_node=END)``) and nothing runs."""
+    goto = command.goto
+    targets = [goto] if isinstance(goto, str) else list(goto or ())
+    return targets == [END] and command.update is None and "resume" not in command.model_fields_set
 
 
 def _task_error(error: Any) -> str | None:
@@ -1176,9 +1190,13 @@ class LangGraphService:
                 raise CapabilityError(
                     exc.backend_id, exc.capability, f"input.{exc.param}", str(exc), needed=exc.needed
                 ) from None
+        resolve = False
         if body.command is not None:
             graph_input = self._command(entry, body.command, principal)
-        return _Prepared(graph_input=graph_input, model_params=model_params, collection=collection)
+            resolve = _resolves(body.command)
+            if resolve:
+                graph_input = None
+        return _Prepared(graph_input=graph_input, model_params=model_params, collection=collection, resolve=resolve)
 
     def _command(self, entry: RegisteredGraph, command: RunCommand, principal: Principal) -> Command[Any]:
         update: Any = command.update
@@ -1196,9 +1214,15 @@ class LangGraphService:
             update = checked
         goto = command.goto
         targets = [goto] if isinstance(goto, str) else list(goto or ())
+        if END in targets and not _resolves(command):
+            raise RequestError(
+                f"command.goto {END!r} ends the thread's pending tasks (Agent Chat UI's \"Mark as Resolved\") and "
+                "takes no other target, update or resume",
+                param="command.goto",
+            )
         nodes = set(entry.graph.nodes) - {"__start__"}
         for target in targets:
-            if target not in nodes:
+            if target not in nodes and target != END:
                 raise RequestError(
                     f"command.goto: graph {entry.graph_id!r} has no node {target!r}; its nodes: {', '.join(sorted(nodes))}",
                     param="command.goto",
@@ -1218,6 +1242,8 @@ class LangGraphService:
         resume = body.command is not None and "resume" in body.command.model_fields_set
         if thread_id is None and resume:
             raise ServingError(400, "command.resume answers an interrupt on a thread: use POST /threads/{thread_id}/runs")
+        if thread_id is None and body.command is not None and _resolves(body.command):
+            raise ServingError(400, f"command.goto {END!r} ends a thread's pending tasks: use POST /threads/{{thread_id}}/runs")
         return entry, self._prepare(entry, body, principal)
 
     async def check_run(self, thread_id: str | None, body: RunCreate, principal: Principal) -> None:
@@ -1652,6 +1678,10 @@ class LangGraphService:
                 yield "metadata", {"run_id": plan.run_id, "attempt": 1}
                 errors = _EventErrors(plan.run_id)
                 try:
+                    if prepared.resolve:
+                        # LangGraph's "no values as END": the pending tasks (an interrupt
+                        # waiting for an answer) are dropped; the run below has nothing to do.
+                        await graph.aupdate_state(config, None, as_node=END)
                     stream = graph_parts(
                         graph,
                         prepared.graph_input,

@@ -278,3 +278,37 @@ async def test_a_slow_thread_stream_client_is_disconnected_not_waited_for() -> N
     assert await fine.next() == ("r", 1, "b" * 60) and not fine.overflowed
     fine.close()
     assert await fine.next() is None
+
+
+async def test_goto_end_resolves_an_interrupted_thread(clients: dict[str, LangGraphClient]) -> None:
+    """Agent Chat UI's "Mark as Resolved" sends ``command: {goto: "__end__"}`` for a
+    thread waiting at an interrupt. LangGraph alone would ignore the goto and ask
+    again; here the pending task ends, nothing runs, and the thread is idle. END with
+    anything else (another target, an update, a resume) or without a thread is a 400."""
+    acme = clients["acme"]
+    tid = (await acme.threads.create())["thread_id"]
+    await acme.runs.wait(tid, "confirm", input=says("hello"))
+    asked = await acme.threads.get_state(tid)
+    assert asked["next"] == ["confirm"] and (await acme.threads.get(tid))["status"] == "interrupted"
+
+    for command, match in [
+        ({"goto": ["__end__", "draft"]}, "takes no other target"),
+        ({"goto": "__end__", "resume": "yes"}, "takes no other target"),
+        ({"goto": "__end__", "update": {"messages": []}}, "takes no other target"),
+    ]:
+        refused = await acme.http.client.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "confirm", "command": command})
+        assert refused.status_code == 400 and match in refused.json()["detail"], refused.text
+    stateless = await acme.http.client.post("/runs/wait", json={"assistant_id": "confirm", "command": {"goto": "__end__"}})
+    assert stateless.status_code == 400 and "ends a thread's pending tasks" in stateless.json()["detail"], stateless.text
+    assert (await acme.threads.get(tid))["status"] == "interrupted", "refused whole"
+
+    parts = [part async for part in acme.runs.stream(tid, "confirm", input={}, command={"goto": "__end__"}, stream_mode="values")]
+    assert [p.event for p in parts if p.event == "error"] == []
+    state = await acme.threads.get_state(tid)
+    assert state["next"] == [] and state["tasks"] == [] and state["interrupts"] == []
+    assert state["values"]["messages"] == asked["values"]["messages"], "nothing ran: the draft stands, no 'Cancelled.'"
+    thread = await acme.threads.get(tid)
+    assert thread["status"] == "idle" and thread["interrupts"] == {}
+    # The thread goes on with a new question.
+    values = await acme.runs.wait(tid, "chat", input=says("next"))
+    assert values["messages"][-1]["type"] == "ai"
