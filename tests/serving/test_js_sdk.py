@@ -59,12 +59,18 @@ class TickerState(TypedDict, total=False):
 
     messages: Annotated[list[AnyMessage], add_messages]
     ticks: int
+    answer_first: bool
+    """The model answers before the ticks (so the backend is known and the response
+    starts at once: the server holds it until then, see ``read_ahead``), and the ticks
+    keep a run going that a client is already reading: Agent Chat UI's Cancel and
+    reload (tests/js/agent_chat_ui.test.mjs)."""
 
 
 def make_ticker_graph(deps: GraphDeps) -> StateGraph[TickerState]:
     """Sends ``ticks`` custom events ``{"tick": i}`` a few milliseconds apart (so a
     client can leave and come back while the run goes on), then answers with the
-    model. Nothing here is timed by a test: the pauses only keep the run going."""
+    model (or the other way round with ``answer_first``). Nothing here is timed by a
+    test: the pauses only keep the run going."""
 
     async def tick(state: TickerState) -> dict[str, Any]:
         write = get_stream_writer()
@@ -77,12 +83,21 @@ def make_ticker_graph(deps: GraphDeps) -> StateGraph[TickerState]:
         reply = await deps.model.ainvoke(state.get("messages") or [("user", "Hi")])
         return {"messages": [reply]}
 
+    def first(state: TickerState) -> str:
+        return "answer" if state.get("answer_first") else "tick"
+
+    def after_tick(state: TickerState) -> str:
+        return END if state.get("answer_first") else "answer"
+
+    def after_answer(state: TickerState) -> str:
+        return "tick" if state.get("answer_first") else END
+
     builder = StateGraph(TickerState)
     builder.add_node("tick", tick)
     builder.add_node("answer", answer)
-    builder.add_edge(START, "tick")
-    builder.add_edge("tick", "answer")
-    builder.add_edge("answer", END)
+    builder.add_conditional_edges(START, first, ["tick", "answer"])
+    builder.add_conditional_edges("tick", after_tick, ["answer", END])
+    builder.add_conditional_edges("answer", after_answer, ["tick", END])
     return builder
 
 
