@@ -616,6 +616,15 @@ describe("Agent Chat UI: approvals", () => {
     assert.equal(text(session.messages.at(-1)), HELLO);
   });
 
+  test("another graph's interrupt, from a subgraph: shown (as a table), not as an approval", async () => {
+    const session = new ChatSession({ assistantId: "nested" });
+    assert.deepEqual(session.messages, []);
+    await session.submit({ messages: [humanMessage("Draft")] }, SEND);
+    const { interrupt } = session;
+    assert.deepEqual(interrupt?.value, { question: "Keep this draft?", draft: HELLO }, JSON.stringify(interrupt));
+    assert.equal(hitlRequest(interrupt), null, "the generic view: no approval panel");
+  });
+
   test("a new message instead of a decision: the UI answers the open call itself", async () => {
     const before = probeRuns("probe hello");
     const { session } = await paused();
@@ -638,6 +647,9 @@ describe("Agent Chat UI: stop and reconnect", () => {
     assert.deepEqual(session.messages, []);
     const submitted = session.submit(LONG(), SEND);
     await customEvents(session, 3);
+    // The UI lists the threads again 4 s after it created one, often mid-run.
+    const [listed] = (await threadList("ticker")).filter((t) => t.thread_id === session.threadId);
+    assert.equal(listed?.status, "busy", "a new thread is listed under its graph while its first run goes on");
     const mark = session.calls.length;
     await session.stop();
     await submitted;
