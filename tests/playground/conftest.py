@@ -134,6 +134,21 @@ def make_slow_graph(deps: GraphDeps) -> StateGraph[GraphRagState]:
     return builder
 
 
+def make_sleeper_graph(deps: GraphDeps) -> StateGraph[GraphRagState]:
+    """Waits a minute before anything else (no model call first): its stream's response
+    only starts after ``server.keepalive_s``, so for that long a client has no run id."""
+
+    async def wait(state: GraphRagState) -> dict[str, Any]:
+        await asyncio.sleep(60)
+        return {"messages": [AIMessage("Waited a minute.")]}
+
+    builder = StateGraph(GraphRagState)
+    builder.add_node("wait", wait)
+    builder.add_edge(START, "wait")
+    builder.add_edge("wait", END)
+    return builder
+
+
 # ---- the browser -------------------------------------------------------------------------
 
 
@@ -281,9 +296,13 @@ def playground_server(
                 "agent": {"path": "tests.fakes.graphs:make_probe_agent", "model": "fake-tools", "tools": ["probe", "calculator", "sleepy", "boom"]},
                 "echo": {"path": f"{_HERE}:make_echo_graph", "model": "fake-ok"},
                 "slow": {"path": f"{_HERE}:make_slow_graph", "model": "fake-ok"},
+                "sleeper": {"path": f"{_HERE}:make_sleeper_graph", "model": "fake-ok"},
                 "offline": {"path": "graphs.chat:make_graph", "model": "offline"},
             },
             "tools": {"require_approval": ["probe"]},
+            # A stream's response waits at most this long for the answering backend to
+            # be known (``sleeper``'s run id reaches the page after it).
+            "server": {"keepalive_s": 3},
         }
         handle = start_server(tmp, settings, env={PROBE_LOG_ENV: str(probe_log)})
         stack.callback(stop_server, handle)
