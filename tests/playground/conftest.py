@@ -61,7 +61,8 @@ CHROMIUM_ARGS = [
 """No sandbox (the tests run as root in CI containers), no GPU, and nothing that
 reaches the network on its own (updates, sync, QUIC probes)."""
 ARTIFACTS = REPO / "test-artifacts"
-"""Screenshots: ``playground.png`` after an answer, and one per failing test."""
+"""Screenshots: ``playground.png`` after an answer, and one per failing test (with
+the page's console lines beside it)."""
 TIMEOUT_MS = 20_000
 """Default wait of a Playwright expectation: page loads and fake-backend runs."""
 MODEL_TIMEOUT_MS = 120_000
@@ -185,22 +186,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @dataclass(slots=True)
-class PageErrors:
-    """Uncaught errors of the page's script (none are expected)."""
+class PageLog:
+    """What the page's script said: uncaught errors (none are expected) and the
+    console (saved beside a failing test's screenshot)."""
 
     errors: list[str] = field(default_factory=list)
+    console: list[str] = field(default_factory=list)
 
 
 @pytest.fixture
 def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
     """A page in a fresh browser context (empty localStorage). Afterwards: a screenshot
-    if the test failed, and an error if the page's script threw or broke its CSP."""
+    and the console's lines if the test failed, and an error if the page's script threw
+    or broke its CSP."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(TIMEOUT_MS)
     context.add_init_script(_WATCH_SCRIPT)
     page = context.new_page()
-    errors = PageErrors()
-    page.on("pageerror", lambda error: errors.errors.append(f"{error.name}: {error.message}"))
+    log = PageLog()
+    page.on("pageerror", lambda error: log.errors.append(f"{error.name}: {error.message}"))
+    page.on("console", lambda message: log.console.append(f"{message.type}: {message.text}"))
     try:
         yield page
         failed = [r for r in request.node.stash.get(_REPORTS, {}).values() if r.failed]
@@ -208,9 +213,10 @@ def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
             ARTIFACTS.mkdir(exist_ok=True)
             name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)
             page.screenshot(path=str(ARTIFACTS / f"playground-failed-{name}.png"), full_page=True)
+            (ARTIFACTS / f"playground-failed-{name}.console.txt").write_text("\n".join(log.errors + log.console) + "\n")
         else:
-            violations = page.evaluate("window.__cspViolations || []") if not page.is_closed() else []
-            assert not errors.errors, f"the page's script threw: {errors.errors}"
+            violations = page.evaluate("window.__cspViolations || []")
+            assert not log.errors, f"the page's script threw: {log.errors}"
             assert not violations, f"the page broke its Content-Security-Policy: {violations}"
     finally:
         context.close()
