@@ -12,8 +12,9 @@ Two servers, started once per module:
   answers capped at a few dozen tokens), ``agent`` on the FAKE scripted backend (its
   ``probe`` tool needs approval), and graphs defined here: ``echo`` (repeats the
   question, with citations and facts, so a hostile question becomes a hostile answer),
-  ``slow`` (a run that goes on until stopped) and ``offline`` (chat on a fake backend
-  this module runs and can stop).
+  ``slow`` and ``sleeper`` (runs that go on until stopped), ``offline`` (chat on a fake
+  backend this module runs and can stop), ``broken`` (its backend drops the answer
+  half-way) and ``crash`` (a node with a bug).
 - ``keyed_server`` (keys on): ``chat`` on the fake, ``slow`` under a 2-second run
   deadline, and a tenant whose rate limit one request exhausts.
 """
@@ -304,6 +305,8 @@ def playground_server(
                 "slow": {"path": f"{_HERE}:make_slow_graph", "model": "fake-ok"},
                 "sleeper": {"path": f"{_HERE}:make_sleeper_graph", "model": "fake-ok"},
                 "offline": {"path": "graphs.chat:make_graph", "model": "offline"},
+                "broken": {"path": "graphs.chat:make_graph", "model": "fake-break"},
+                "crash": {"path": "tests.fakes.graphs:make_crashing_graph", "model": "fake-ok"},
             },
             "tools": {"require_approval": ["probe"]},
             # A stream's response waits at most this long for the answering backend to

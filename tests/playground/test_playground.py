@@ -462,6 +462,22 @@ def test_backend_stopped_shows_backend_down(page: Page, playground_server: Playg
     expect(page.locator("#messages [data-streaming=true]")).to_have_count(0)
 
 
+@pytest.mark.parametrize(("graph", "kind"), [("broken", "backend_down"), ("crash", "error")])
+def test_failed_run_shows_its_error(page: Page, playground_server: Playground, graph: str, kind: str) -> None:
+    """A backend that drops the answer half-way, and a graph with a bug: the stream's
+    error event is shown, classified, and the page is ready for the next message."""
+    app = playground_server
+    open_playground(page, app)
+    choose_graph(page, app, graph)
+    send(page, "Hello?")
+    error = page.locator("#error")
+    expect(error).to_be_visible()
+    expect(error).to_have_attribute("data-kind", kind)
+    expect(error).not_to_be_empty()
+    expect(page.locator("#send")).to_be_enabled()
+    expect(page.locator("#messages [data-streaming=true]")).to_have_count(0)
+
+
 def test_server_stopped_shows_server_down(page: Page, doomed_server: Playground) -> None:
     """When the server itself is gone, the page says so (the fetch fails)."""
     app = doomed_server
