@@ -66,11 +66,19 @@ TOOL_SCRIPTS: dict[str, list[tuple[str, str]]] = {
 }
 
 
+def _text(content: object) -> str:
+    """A message's text: a string, or OpenAI's content parts (the text parts joined), as
+    a client that sends typed messages (Agent Chat UI) writes it."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    return str(content or "")
+
+
 def _tool_turn(body: dict[str, object]) -> list[tuple[str, str]] | None:
     messages = body.get("messages") or []
     assert isinstance(messages, list)
     user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
-    script = str(user.get("content") or "").removeprefix("SCRIPT:").strip()
+    script = _text(user.get("content")).removeprefix("SCRIPT:").strip()
     calls = TOOL_SCRIPTS.get(script)
     answered = any(m.get("role") == "tool" for m in messages)
     if calls is None or (answered and script != "loop"):

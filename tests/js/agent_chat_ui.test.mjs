@@ -527,9 +527,10 @@ describe("Agent Chat UI: a conversation", () => {
 });
 
 describe("Agent Chat UI: approvals", () => {
-  // The scripted backend reads a plain-string question (the UI's edit sends one);
-  // the agent's call to "probe" needs approval (tests/serving/test_js_sdk.py).
-  const ASK = () => ({ id: randomUUID(), type: "human", content: "SCRIPT:probe" });
+  // The question as the UI types it (text blocks); the scripted backend reads the
+  // script from its text, and the agent's call to "probe" needs approval
+  // (tests/serving/test_js_sdk.py).
+  const ASK = () => ({ id: randomUUID(), type: "human", content: [{ type: "text", text: "SCRIPT:probe" }] });
 
   /** A session whose agent run waits for the approval of probe({"note": "hello"}). */
   async function paused() {
