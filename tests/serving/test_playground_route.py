@@ -60,7 +60,7 @@ def _app(tmp_path: Path, *, dev: bool) -> FastAPI:
 @pytest.fixture
 async def dev_client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=_app(tmp_path, dev=True), raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         yield client
 
 
@@ -142,7 +142,7 @@ async def test_with_keys_the_page_needs_none_but_the_api_does(tmp_path: Path) ->
     app = _app(tmp_path, dev=False)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             root = await client.get("/")
             page = await client.get("/playground")
             asset = await client.get("/playground/assets/app.js")
@@ -192,3 +192,52 @@ async def test_tool_decisions_reach_the_wire_in_the_artifact() -> None:
     assert "invalid arguments for 'double'" in wire[1]["artifact"]["reason"]
     assert wire[2]["artifact"]["reason"] == "ValueError: no"
     assert wire[4]["artifact"]["reason"] == "a person declined this call"
+
+
+def _js_regex(script: str, name: str) -> re.Pattern[str]:
+    """A regular expression literal of app.js (``const NAME = /.../flags;``) as Python's
+    (the page's patterns use only syntax both share)."""
+    match = re.search(rf"const {name} = /(.+)/([a-z]*);\n", script)
+    assert match, name
+    return re.compile(match.group(1), re.IGNORECASE if "i" in match.group(2) else 0)
+
+
+def test_the_page_tells_a_backend_down_from_other_outages() -> None:
+    """The page classifies a 503 or a stream error by the server's own wording: a model
+    backend's errors name it (``backend_down``), an embedder's are told apart (they may
+    quote the model backend under them), and a store's outage is no backend's even when
+    its reason says "Connection"."""
+    from gateway import BackendResponseError, BackendUnavailableError
+    from serving.threads import ThreadStoreError
+
+    script = (STATIC / "app.js").read_text()
+    model_backend, embedder = _js_regex(script, "MODEL_BACKEND"), _js_regex(script, "EMBEDDER")
+    down = str(BackendUnavailableError("local", "connection refused"))
+    failed = str(BackendResponseError("local", 500, "out of memory"))
+    for message in (down, failed):
+        named = model_backend.search(message)
+        assert named and named.group(1) == "local" and not embedder.search(message), message
+    # knowledge/embeddings: what a down or misconfigured embedder says
+    for message in (
+        f"embedding backend failed: {down}",
+        "model 'embed' (backend 'emb') does not declare the embeddings capability",
+        "unknown local embedding model 'x' (packaged models: use-multilingual-v3)",
+        "backend returned 384 dimensions, expected 512",
+    ):
+        assert embedder.search(message), message
+    store = str(ThreadStoreError("create", "ConnectionRefusedError: [Errno 111] Connection refused"))
+    assert not model_backend.search(store) and not embedder.search(store)
+    assert "EmbedderUnavailable" in script and "ThreadStoreUnavailable" in script
+
+
+def test_the_key_is_kept_for_the_tab_unless_remembered() -> None:
+    """The key goes to sessionStorage unless "remember on this browser" is ticked
+    (localStorage is readable by every page of the origin); "forget" clears both."""
+    html = (STATIC / "index.html").read_text()
+    assert 'id="remember-key" type="checkbox"' in html
+    assert re.search(r'id="remember-key"[^>]*\bchecked\b', html) is None  # not remembered by default
+    script = (STATIC / "app.js").read_text()
+    assert "sessionStorage" in script
+    forget = script[script.index("function forgetStoredKey"):]
+    forget = forget[: forget.index("\n  }\n")]
+    assert "store(STORE.key, null, area)" in forget and "store(STORE.key, null);" in forget

@@ -15,12 +15,15 @@
   };
   const STREAM_MODE = ["values", "messages-tuple", "updates"];
   const META_KEEP = 300; // answers whose request/run/backend are remembered across reloads
+  const REJOIN_TRIES = 5;  // reconnections in a row without a new event before giving up
+  const REJOIN_WAIT_MS = [500, 1000, 2000, 4000, 8000]; // the pause before each of them
   const THREADS_LISTED = 50;
   const DASH = "—";
 
   const $ = (id) => document.getElementById(id);
   const el = {
     auth: $("auth"), keyForm: $("key-form"), apiKey: $("api-key"), saveKey: $("save-key"), forgetKey: $("forget-key"),
+    rememberKey: $("remember-key"),
     graphSelect: $("graph-select"), threadSelect: $("thread-select"), newThread: $("new-thread"),
     mermaid: $("graph-mermaid"), diagram: $("graph-diagram"),
     status: $("status"), error: $("error"), messages: $("messages"),
@@ -30,19 +33,50 @@
 
   // ---------------------------------------------------------------- storage
 
-  function stored(name) {
-    try { return localStorage.getItem(name); } catch { return null; }
+  function stored(name, area) {
+    try { return (area || localStorage).getItem(name); } catch { return null; }
   }
-  function store(name, value) {
+  function store(name, value, area) {
     try {
-      if (value === null || value === undefined || value === "") localStorage.removeItem(name);
-      else localStorage.setItem(name, value);
+      const where = area || localStorage;
+      if (value === null || value === undefined || value === "") where.removeItem(name);
+      else where.setItem(name, value);
     } catch { /* storage off (private mode): the page works without it */ }
   }
 
-  /** request id, run id and backend of answers seen here, by message id. */
+  // The API key lives in sessionStorage (this tab, until it closes) unless the person
+  // ticks "remember on this browser": localStorage is readable by every page of the
+  // origin (Swagger UI's CDN script under /docs, in dev or with public_api_docs), and
+  // stays after the browser closes.
+  function sessionArea() {
+    try { return sessionStorage; } catch { return null; }
+  }
+  function storedKey() {
+    const area = sessionArea();
+    return (area && stored(STORE.key, area)) || stored(STORE.key) || "";
+  }
+  function keyRemembered() {
+    return !!stored(STORE.key);
+  }
+  function storeKey(key, remember) {
+    const area = sessionArea();
+    if (area) store(STORE.key, remember ? null : key, area);
+    store(STORE.key, remember || !area ? key : null);
+  }
+  function forgetStoredKey() {
+    const area = sessionArea();
+    if (area) store(STORE.key, null, area);
+    store(STORE.key, null);
+  }
+
+  /** request id, run id and backend of answers seen here, by message id: read from
+   * localStorage once, then kept here and written through. */
+  let metaCache = null;
   function loadMeta() {
-    try { return JSON.parse(stored(STORE.meta) || "{}") || {}; } catch { return {}; }
+    if (metaCache) return metaCache;
+    try { metaCache = JSON.parse(stored(STORE.meta) || "{}") || {}; } catch { metaCache = {}; }
+    if (typeof metaCache !== "object" || Array.isArray(metaCache)) metaCache = {};
+    return metaCache;
   }
   function rememberMeta(messageId, meta) {
     const all = loadMeta();
@@ -56,7 +90,7 @@
   // ---------------------------------------------------------------- state
 
   const state = {
-    key: stored(STORE.key) || "",
+    key: storedKey(),
     authOn: false,
     assistants: [],
     assistantId: null,
@@ -68,6 +102,7 @@
     citationsFor: null,    // id of the answer the values' sources belong to
     interrupt: null,       // the pending interrupt's value, if the thread waits for a person
     run: null,             // the run streaming now
+    locked: false,         // a run or a thread's read-back is under way: no new run yet
     toolCalls: new Map(),  // call id -> .tool-call element
   };
 
@@ -85,7 +120,15 @@
     }
   }
 
-  const BACKEND = /\bbackend\b|model server|unreachable|connect/i;
+  // The server's own wording (gateway/errors.py, reported by serving/errors.py): a model
+  // backend down is "model backend 'ID' is unavailable: …" (503), one that failed is
+  // "model backend 'ID' answered N: …" (502). An embedder's failure (knowledge's
+  // EmbeddingError, 503, stream type EmbedderUnavailable) is worded by the embedders
+  // (knowledge/embeddings/) and may quote the model backend under it, so it is matched
+  // first. Other 503s (the thread, vector or graph store, the run board) name no
+  // backend: "ConnectionRefusedError" in a thread store's message is not one.
+  const MODEL_BACKEND = /\bmodel backend '([^']+)'/;
+  const EMBEDDER = /^(?:embedding backend failed\b|unknown local embedding model\b|the local embedding model\b|set embedding_dimensions\b|backend returned \d+ dimensions\b)|\(backend '[^']+'\) does not declare the embeddings capability/;
 
   /** Classify an HTTP error answered before any stream. */
   function httpFailure(status, detail, retryAfter, backend) {
@@ -99,16 +142,35 @@
       return new ApiFailure("rate_limited", `Rate limited: ${text}.${wait}`.replace("..", "."), status);
     }
     if (status === 504) return new ApiFailure("deadline", `The run's deadline passed: ${text}`, status);
-    if (status === 502 || (status === 503 && BACKEND.test(text))) {
+    if (status === 503 && EMBEDDER.test(text)) {
+      return new ApiFailure("backend_down", `${embedderSentence(text)}: ${text}`, status);
+    }
+    if (status === 502 || (status === 503 && MODEL_BACKEND.test(text))) {
       return new ApiFailure("backend_down", `${backendSentence(backend, text)}: ${text}`, status);
+    }
+    if (status === 503) {
+      const wait = retryAfter ? ` Try again in ${retryAfter} s.` : "";
+      return new ApiFailure("error", `Unavailable for now (503): ${text}.${wait}`.replace("..", "."), status);
     }
     return new ApiFailure("error", `${status >= 500 ? "Server error" : "Request refused"} (${status}): ${text}`, status);
   }
 
   function backendSentence(backend, message) {
-    const named = backend || (/backend '([^']+)'/.exec(message || "") || [])[1];
+    const named = (MODEL_BACKEND.exec(message || "") || [])[1] || backend;
     return `The model backend is unreachable${named ? ` (${named})` : ""}`;
   }
+
+  /** A down embedder is a backend down too (kind backend_down), named as the embedder. */
+  function embedderSentence(message) {
+    const named = (/backend '([^']+)'/.exec(message || "") || [])[1];
+    return `The embedder is unavailable${named ? ` (backend ${named})` : ""}`;
+  }
+
+  const STORES = {
+    ThreadStoreUnavailable: "The thread store is unavailable",
+    VectorStoreUnavailable: "The vector store is unavailable",
+    GraphStoreUnavailable: "The graph store is unavailable",
+  };
 
   /** Classify a stream's `error` event ({"error": Type, "message": ...}). */
   function streamFailure(data, backend) {
@@ -118,8 +180,14 @@
       case "BackendUnavailable":
       case "BackendError":
         return new ApiFailure("backend_down", `${backendSentence(backend, message)}: ${message}`);
+      case "EmbedderUnavailable":
+        return new ApiFailure("backend_down", `${embedderSentence(message)}: ${message}`);
+      case "ThreadStoreUnavailable":
+      case "VectorStoreUnavailable":
+      case "GraphStoreUnavailable":
+        return new ApiFailure("error", `${STORES[type]}: ${message}`);
       case "Unavailable":
-        return BACKEND.test(message)
+        return MODEL_BACKEND.test(message)
           ? new ApiFailure("backend_down", `${backendSentence(backend, message)}: ${message}`)
           : new ApiFailure("error", `Unavailable: ${message}`);
       case "RateLimited":
@@ -169,8 +237,8 @@
   }
 
   /** fetch, with failures turned into ApiFailure; returns the Response when ok. */
-  async function request(method, path, body, { signal, noKey } = {}) {
-    const init = { method, headers: headers(), signal, cache: "no-store" };
+  async function request(method, path, body, { signal, noKey, extraHeaders } = {}) {
+    const init = { method, headers: headers(extraHeaders), signal, cache: "no-store" };
     if (noKey) delete init.headers["x-api-key"];
     if (body !== undefined) init.body = JSON.stringify(body);
     let response;
@@ -569,7 +637,7 @@
   }
 
   async function answerApproval(action) {
-    if (!state.interrupt || state.run) return;
+    if (!state.interrupt || state.run || state.locked) return;
     const tool = el.approval.dataset.tool || "";
     let resume;
     if (action === "approve") {
@@ -601,13 +669,27 @@
 
   // ---------------------------------------------------------------- runs
 
-  function setStreaming(on) {
+  /** No new run, approval or thread switch while one runs or a thread is being read
+   * back (its state may show it busy or waiting for an approval). */
+  function lock(on) {
+    state.locked = on;
     el.send.disabled = on;
-    el.stop.disabled = !on;
     for (const button of el.approval.querySelectorAll("button")) button.disabled = on;
     el.graphSelect.disabled = on;
     el.threadSelect.disabled = on;
     el.newThread.disabled = on;
+  }
+
+  function setStreaming(on) {
+    lock(on);
+    el.stop.disabled = !on;
+  }
+
+  function pause(run, ms) {
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      run.wake = () => { clearTimeout(timer); resolve(); };
+    });
   }
 
   function runIdFrom(location) {
@@ -618,6 +700,9 @@
   function newRun() {
     return {
       runId: null, requestId: null, backend: null, ended: false, cancelled: false, failed: false,
+      lastEventId: null,   // the last event id seen: a rejoin resumes after it
+      cut: false,          // the server said to reconnect (a board outage, a drain)
+      wake: null,          // ends a pause between reconnections early (Stop)
       before: new Set(state.messages.map((m) => String(m.id || ""))),
       aiIds: new Set(), controller: new AbortController(),
     };
@@ -679,9 +764,10 @@
       const interrupts = interruptsOf(data);
       if (interrupts.length) run.interrupt = interrupts[0];
     } else if (base === "error") {
-      const failure = streamFailure(data, run.backend);
-      if (data && data.error === "RunCancelled") run.cancelled = true;
-      else { run.failed = true; showError(failure); }
+      const type = data && typeof data === "object" ? data.error : "";
+      if (type === "RunCancelled") run.cancelled = true;
+      else if (type === "BoardUnavailable" || type === "ServerShutdown") run.cut = true; // the run's status says what next
+      else { run.failed = true; showError(streamFailure(data, run.backend)); }
     }
     render();
     scrollDown();
@@ -697,20 +783,28 @@
     return thread.thread_id;
   }
 
-  /** One run over runs/stream (a new message, or a resume), or a join of a running one. */
+  /**
+   * One run over runs/stream (a new message, or a resume), or a join of a running one.
+   *
+   * Runs are started with `on_disconnect: "continue"` and `stream_resumable`, so a
+   * stream that is cut (the network dropped, the server said to reconnect) or that
+   * closes before its run has ended (a run's stream has no `end` event: the run's
+   * status tells) leaves the run going: `follow` looks the run up and, while it is
+   * pending or running, joins it after the last event seen. Stop still cancels it.
+   */
   async function stream(payload, { joinRunId } = {}) {
     clearError();
     const run = newRun();
     state.run = run;
     state.partial = [];
     setStreaming(true);
-    setStatus("streaming…");
+    setStatus(joinRunId ? "busy: joining the running run…" : "streaming…");
     try {
       const threadId = await ensureThread();
       let response;
       if (joinRunId) {
         run.runId = joinRunId;
-        response = await request("GET", `/threads/${enc(threadId)}/runs/${enc(joinRunId)}/stream`, undefined, { signal: run.controller.signal });
+        response = await joinStream(run, threadId);
       } else {
         if (payload.input && payload.input.messages) {
           // Shown at once, under the id the thread will keep.
@@ -727,23 +821,17 @@
         };
         response = await request("POST", `/threads/${enc(threadId)}/runs/stream`, body, { signal: run.controller.signal });
       }
-      run.requestId = response.headers.get("x-request-id");
-      run.backend = response.headers.get("x-switchyard-backend") || run.backend;
-      run.runId = runIdFrom(response.headers.get("content-location")) || run.runId;
+      takeHeaders(run, response);
       render();
-      try {
-        await readEvents(response.body, (name, raw) => handleEvent(run, name, raw));
-      } catch (exc) {
-        if (exc && exc.name === "AbortError") throw exc;
-        throw new ApiFailure("server_down", `The connection to the Switchyard server was lost during the answer (${exc && exc.message ? exc.message : "network error"}).`);
-      }
+      await follow(run, threadId, response);
     } catch (exc) {
       if (exc && exc.name === "AbortError") run.cancelled = true;
       else if (exc instanceof ApiFailure) { run.failed = true; showError(exc); }
       else { run.failed = true; showError(new ApiFailure("error", `The page failed: ${exc && exc.message ? exc.message : exc}`)); }
     } finally {
       run.ended = true;
-      if (run.runId && !run.backend && !run.failed) await runBackend(run);
+      run.wake = null;
+      if (run.runId && !run.backend && !run.failed && !run.looked) await runBackend(run);
       for (const id of run.aiIds) rememberMeta(id, runMeta(run));
       // The thread's state is the truth once the run is over: messages the run kept
       // (an inner model call's tokens are not among them), sources, a pending interrupt.
@@ -756,9 +844,107 @@
       render();
       for (const item of el.messages.querySelectorAll('.message[data-streaming="true"]')) item.dataset.streaming = "false";
       state.run = null;
-      setStreaming(false);
-      await refreshThread({ after: run });
+      el.stop.disabled = true;
+      // Send, the approval buttons and the pickers come back once the thread's state
+      // is read: until then the thread may still look busy, and a Send would be a 409.
+      try {
+        await refreshThread({ after: run });
+      } finally {
+        lock(false);
+      }
     }
+  }
+
+  function takeHeaders(run, response) {
+    run.requestId = run.requestId || response.headers.get("x-request-id"); // a rejoin keeps the first
+    run.backend = response.headers.get("x-switchyard-backend") || run.backend;
+    run.runId = runIdFrom(response.headers.get("content-location")) || run.runId;
+  }
+
+  /** The run's stream after the last event seen (all of it for a first join). */
+  function joinStream(run, threadId) {
+    const extraHeaders = run.lastEventId !== null ? { "last-event-id": run.lastEventId } : undefined;
+    return request("GET", `/threads/${enc(threadId)}/runs/${enc(run.runId)}/stream`, undefined, {
+      signal: run.controller.signal,
+      extraHeaders,
+    });
+  }
+
+  const ACTIVE = new Set(["pending", "running"]);
+
+  /**
+   * Read `response`'s events; when it ends without the run's end (no error, no cancel),
+   * ask the run's status and rejoin while it is pending or running: up to REJOIN_TRIES
+   * times in a row without a new event, pausing longer each time. A stream cut short
+   * of a run that has ended is joined once more, for the events it missed (the final
+   * values, an error), which the run keeps.
+   */
+  async function follow(run, threadId, response) {
+    let tries = 0;
+    let caughtUp = false;
+    let lost = null; // why the last connection ended early (server_down), if it did
+    for (;;) {
+      const seen = run.lastEventId;
+      if (response) {
+        lost = null;
+        try {
+          await readEvents(response.body, (name, raw, id) => {
+            if (id !== null) run.lastEventId = id;
+            handleEvent(run, name, raw);
+          });
+        } catch (exc) {
+          if (exc && exc.name === "AbortError") throw exc;
+          lost = new ApiFailure("server_down", `The connection to the Switchyard server was lost during the answer (${exc && exc.message ? exc.message : "network error"}).`);
+        }
+      }
+      if (run.lastEventId !== seen) tries = 0;
+      if (run.failed || run.cancelled) return;
+      if (!run.runId) {
+        if (lost) throw lost;
+        return; // no run to look up (no run id was sent): nothing more to follow
+      }
+      const cutShort = !!lost || run.cut;
+      run.cut = false;
+      let status = null;
+      try {
+        status = await runStatus(run, threadId);
+      } catch (exc) {
+        if (!(exc instanceof ApiFailure) || exc.kind !== "server_down") throw exc; // e.g. 404: the run is gone
+        lost = exc;
+      }
+      if (status && !ACTIVE.has(status)) {
+        if (!cutShort || caughtUp) return;
+        caughtUp = true;
+      } else {
+        if (tries >= REJOIN_TRIES) {
+          throw lost || new ApiFailure("error", `The run ${run.runId} goes on, but its stream keeps closing; reopen the thread to follow it.`);
+        }
+        setStatus(`reconnecting to the run… (${tries + 1} of ${REJOIN_TRIES})`);
+        await pause(run, REJOIN_WAIT_MS[Math.min(tries, REJOIN_WAIT_MS.length - 1)]);
+        tries++;
+        if (run.cancelled) return;
+        if (status === null) { response = null; continue; } // the server did not answer: ask again
+      }
+      response = null;
+      try {
+        response = await joinStream(run, threadId);
+        takeHeaders(run, response);
+        setStatus("streaming…");
+      } catch (exc) {
+        if (exc && exc.name === "AbortError") throw exc;
+        if (!(exc instanceof ApiFailure) || exc.kind !== "server_down") throw exc;
+        lost = exc;
+      }
+    }
+  }
+
+  /** The run's status (GET .../runs/{id}); its backend too, when the stream named none. */
+  async function runStatus(run, threadId) {
+    const record = await api("GET", `/threads/${enc(threadId)}/runs/${enc(run.runId)}`);
+    run.looked = true;
+    const backend = record && record.metadata && record.metadata.switchyard_backend;
+    if (backend && !run.backend) run.backend = String(backend);
+    return record && typeof record.status === "string" ? record.status : null;
   }
 
   /** A resumed or joined run's backend, from the run's metadata (no header then). */
@@ -775,6 +961,7 @@
     if (!run || run.ended) return;
     run.cancelled = true;
     setStatus("cancelling…");
+    if (run.wake) run.wake(); // between two connections: stop reconnecting
     if (run.runId && state.threadId) {
       try {
         await api("POST", `/threads/${enc(state.threadId)}/runs/${enc(run.runId)}/cancel`, {});
@@ -853,19 +1040,22 @@
     el.threadSelect.value = state.threadId || "";
   }
 
-  /** Show a thread from its state; join its run if one is streaming. */
+  /**
+   * Show a thread from its state. Returns the id of the run to join when the thread is
+   * busy with one (asked only when not `after` a run of this page), else null.
+   */
   async function refreshThread({ after } = {}) {
     const threadId = state.threadId;
-    if (!threadId) return;
+    if (!threadId) return null;
     let threadState;
     try {
       threadState = await api("GET", `/threads/${enc(threadId)}/state`);
     } catch (exc) {
       if (exc instanceof ApiFailure) showError(exc);
       setStatus("error");
-      return;
+      return null;
     }
-    if (threadId !== state.threadId) return;
+    if (threadId !== state.threadId) return null;
     const values = threadState && threadState.values && typeof threadState.values === "object" ? threadState.values : {};
     state.values = values;
     state.messages = Array.isArray(values.messages) ? values.messages : [];
@@ -874,32 +1064,41 @@
     const interrupts = interruptsOf(threadState);
     const interrupt = interrupts.length ? interrupts[0] : after && after.interrupt && Array.isArray(threadState.next) && threadState.next.length ? after.interrupt : null;
     showApproval(interrupt);
-    if (interrupt) return;
+    if (interrupt) return null;
     if (after) {
       setStatus(after.cancelled ? "cancelled" : after.failed ? "error" : "ready");
       loadThreads().catch(() => {});
-      return;
+      return null;
     }
-    const busy = await busyRun(threadId);
-    if (busy) {
-      setStatus("busy: joining the running run…");
-      await stream({}, { joinRunId: busy });
-      return;
-    }
-    setStatus("ready");
+    const { busy, runId } = await busyRun(threadId);
+    if (threadId !== state.threadId) return null;
+    setStatus(runId ? "busy: joining the running run…" : busy ? "busy" : "ready");
+    return runId;
   }
 
+  /** Is the thread busy, and with which run (one this page may join)? */
   async function busyRun(threadId) {
     try {
       const thread = await api("GET", `/threads/${enc(threadId)}`);
-      if (!thread || thread.status !== "busy") return null;
+      if (!thread || thread.status !== "busy") return { busy: false, runId: null };
       const runs = await api("GET", `/threads/${enc(threadId)}/runs?limit=10`);
-      const running = (runs || []).find((r) => r.status === "running" || r.status === "pending");
-      if (!running) { setStatus("busy"); return null; }
-      return running.run_id;
+      const running = (runs || []).find((r) => ACTIVE.has(r.status));
+      return { busy: true, runId: running ? running.run_id : null };
     } catch {
-      return null;
+      return { busy: false, runId: null };
     }
+  }
+
+  /** Read a thread back with the controls locked, then join its run if it has one going. */
+  async function openThread() {
+    let runId = null;
+    lock(true);
+    try {
+      runId = await refreshThread();
+    } finally {
+      lock(false);
+    }
+    if (runId) await stream({}, { joinRunId: runId });
   }
 
   // ---------------------------------------------------------------- graphs
@@ -1083,9 +1282,12 @@
 
   async function boot() {
     el.apiKey.placeholder = state.key ? "a key is saved" : "sk-…";
+    el.rememberKey.checked = keyRemembered();
     document.body.dataset.ready = "false";
     setStatus("loading…");
     clearError();
+    let joinRunId = null;
+    lock(true); // until the thread's state (busy? waiting for an approval?) is known
     try {
       await probeAuth();
       if (state.authOn && !state.key) {
@@ -1104,13 +1306,16 @@
       setUrl();
       await Promise.all([loadDiagram(), loadThreads().catch((exc) => showError(exc))]);
       resetConversation();
-      document.body.dataset.ready = "true";
-      if (state.threadId) await refreshThread();
+      if (state.threadId) joinRunId = await refreshThread();
       else setStatus("ready");
+      document.body.dataset.ready = "true";
     } catch (exc) {
       showError(exc instanceof ApiFailure ? exc : new ApiFailure("error", String(exc && exc.message ? exc.message : exc)));
       setStatus("error");
+    } finally {
+      lock(false);
     }
+    if (joinRunId) await stream({}, { joinRunId });
   }
 
   /** A thread opened by its id belongs to a graph: select that graph. */
@@ -1140,7 +1345,7 @@
     const key = el.apiKey.value.trim();
     if (!key) return;
     state.key = key;
-    store(STORE.key, key);
+    storeKey(key, el.rememberKey.checked);
     el.apiKey.value = "";
     el.apiKey.placeholder = "a key is saved";
     boot();
@@ -1148,14 +1353,20 @@
 
   el.forgetKey.addEventListener("click", () => {
     state.key = "";
-    store(STORE.key, null);
+    forgetStoredKey();
+    el.rememberKey.checked = false;
     el.apiKey.value = "";
     el.apiKey.placeholder = "sk-…";
     boot();
   });
 
+  // Ticked or unticked with a key saved: the key moves to the chosen storage.
+  el.rememberKey.addEventListener("change", () => {
+    if (state.key) storeKey(state.key, el.rememberKey.checked);
+  });
+
   el.graphSelect.addEventListener("change", async () => {
-    if (state.run) return;
+    if (state.run || state.locked) return;
     state.assistantId = el.graphSelect.value || null;
     state.threadId = null;
     setUrl();
@@ -1166,16 +1377,16 @@
   });
 
   el.threadSelect.addEventListener("change", async () => {
-    if (state.run) { el.threadSelect.value = state.threadId || ""; return; }
+    if (state.run || state.locked) { el.threadSelect.value = state.threadId || ""; return; }
     state.threadId = el.threadSelect.value || null;
     setUrl();
     resetConversation();
     clearError();
-    if (state.threadId) await refreshThread(); else setStatus("ready");
+    if (state.threadId) await openThread(); else setStatus("ready");
   });
 
   el.newThread.addEventListener("click", () => {
-    if (state.run) return;
+    if (state.run || state.locked) return;
     state.threadId = null;
     setUrl();
     el.threadSelect.value = "";
@@ -1210,7 +1421,7 @@
 
   async function send() {
     const text = el.input.value.trim();
-    if (!text || state.run || !state.assistantId) return;
+    if (!text || state.run || state.locked || !state.assistantId) return;
     if (state.interrupt) {
       showError(new ApiFailure("error", "The run waits for an approval: approve, edit or reject the tool call first."));
       return;
