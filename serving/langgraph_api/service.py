@@ -26,7 +26,8 @@ from langgraph.errors import InvalidUpdateError
 from langgraph.pregel import Pregel
 from langgraph.store.base import BaseStore
 from langgraph.types import Command, Interrupt, StateSnapshot
-from langchain_core.messages import AIMessage, AIMessageChunk
+from langgraph.types import StateUpdate as GraphUpdate
+from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from pydantic import BaseModel
 
 from gateway import CapabilityError, RouteScope
@@ -65,10 +66,13 @@ from serving.langgraph_api.protocol import (
     extract_path,
 )
 from serving.store import tenant_graph
-from serving.runs import ClientError, RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages
+from serving.runs import (
+    ActiveRun, ClientError, RunChecks, RunHost, RunPlan, RunRecord, client_error, parse_sampling, run_messages,
+)
 from serving.runs.registry import CONTROL_EVENTS, end_frame, event_mode
 from serving.shared.runs import SharedRun
 from serving.threads import ThreadRecord, ThreadStatus, ThreadStore
+from tools.executor import ToolCallRecord, args_hash
 
 __all__ = [
     "LangGraphService",
@@ -388,11 +392,41 @@ class _EventErrors:
 def _resolves(command: RunCommand) -> bool:
     """Whether ``command`` is ``{"goto": "__end__"}`` alone: what Agent Chat UI's "Mark as
     Resolved" sends for an interrupted thread. LangGraph itself would ignore the goto
-    (no channel leads to END) and ask the same question again; here the thread's
-    pending tasks end (``update_state(None, as_node=END)``) and nothing runs."""
+    (no channel leads to END) and ask the same question again; here nothing runs: the
+    thread's pending tasks end, and the open tool calls are answered as refused
+    (`LangGraphService._resolve`)."""
     goto = command.goto
     targets = [goto] if isinstance(goto, str) else list(goto or ())
     return targets == [END] and command.update is None and "resume" not in command.model_fields_set
+
+
+_RESOLVED = "a person marked the request resolved (command.goto '__end__'); the call was not run"
+
+
+def _unanswered_calls(values: Any) -> list[dict[str, Any]]:
+    """The tool calls of the state's last AI message that no tool message answers."""
+    messages = values.get("messages") if isinstance(values, dict) else None
+    if not isinstance(messages, list):
+        return []
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, AIMessage):
+            answered = {m.tool_call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+            return [call for call in message.tool_calls if call.get("id") and call["id"] not in answered]
+    return []
+
+
+def _plain_node(graph: Pregel[Any, Any, Any, Any], preferred: Sequence[str]) -> str | None:
+    """A node to write a state update as: the interrupted one if it has no conditional
+    edges, else another such node (an update as a node runs its edges' routers, which
+    read the state a graph's own run would hand them, not ours); None if none."""
+    builder = getattr(graph, "builder", None)
+    branches: Mapping[str, Any] = getattr(builder, "branches", None) or {}
+    nodes = [n for n in graph.nodes if not n.startswith("__")]
+    for name in [*preferred, *nodes]:
+        if name in graph.nodes and not name.startswith("__") and not branches.get(name):
+            return name
+    return None
 
 
 def _task_error(error: Any) -> str | None:
@@ -1198,6 +1232,54 @@ class LangGraphService:
                 graph_input = None
         return _Prepared(graph_input=graph_input, model_params=model_params, collection=collection, resolve=resolve)
 
+    async def _resolve(
+        self, graph: Pregel[Any, Any, Any, Any], config: dict[str, Any], run: ActiveRun, thread_id: str
+    ) -> None:
+        """``command.goto: "__end__"``: end the thread's pending tasks without running
+        anything, and answer the last AI message's open tool calls with a refused
+        ToolMessage each (as `tools.executor` answers a rejected call), so that the
+        next turn hands the model no unanswered call (strict chat templates refuse
+        one) and the thread's ``next`` is empty.
+
+        In LangGraph's terms: clear the tasks (``update_state(None, as_node=END)``),
+        write the answers as a node (the interrupted one if it routes by no condition),
+        and clear again the tasks that write scheduled (one checkpoint each).
+        """
+        snapshot = await graph.aget_state(config)
+        if not snapshot.interrupts:  # another run resolved it since `start_run` looked
+            log.info("run %s on thread %s: command.goto __end__ found nothing pending", run.plan.run_id, thread_id)
+            return
+        calls = _unanswered_calls(snapshot.values)
+        interrupted = [task.name for task in snapshot.tasks if task.interrupts]
+        node = _plain_node(graph, interrupted) if calls else None
+        steps: list[list[GraphUpdate]] = [[GraphUpdate(None, END)]]
+        if node is not None:
+            answers = [
+                ToolMessage(
+                    f"Refused: {_RESOLVED}",
+                    tool_call_id=call["id"],
+                    name=call["name"],
+                    status="error",
+                    artifact={"decision": "refused", "reason": _RESOLVED},
+                )
+                for call in calls
+            ]
+            steps += [[GraphUpdate({"messages": answers}, node)], [GraphUpdate(None, END)]]
+        await graph.abulk_update_state(config, steps)
+        sink = run.context().on_tool_call
+        for call in calls if node is not None else ():
+            if sink is not None:
+                sink(ToolCallRecord(
+                    call_id=call["id"], tool=call["name"], args_hash=args_hash(call.get("args")),
+                    decision="refused", reason=_RESOLVED,
+                ))
+        log.info(
+            "run %s on thread %s: resolved by a person (command.goto __end__), nothing run; tool calls answered as "
+            "refused: %s", run.plan.run_id, thread_id, ", ".join(c["id"] for c in calls) if node is not None else "none",
+        )
+        if calls and node is None:
+            log.warning("thread %s: no node to write the refused tool calls as; left unanswered", thread_id)
+
     def _command(self, entry: RegisteredGraph, command: RunCommand, principal: Principal) -> Command[Any]:
         update: Any = command.update
         if isinstance(update, dict) and "messages" in update:
@@ -1242,9 +1324,26 @@ class LangGraphService:
         resume = body.command is not None and "resume" in body.command.model_fields_set
         if thread_id is None and resume:
             raise ServingError(400, "command.resume answers an interrupt on a thread: use POST /threads/{thread_id}/runs")
-        if thread_id is None and body.command is not None and _resolves(body.command):
-            raise ServingError(400, f"command.goto {END!r} ends a thread's pending tasks: use POST /threads/{{thread_id}}/runs")
+        if body.command is not None and _resolves(body.command):
+            if thread_id is None:
+                raise ServingError(400, f"command.goto {END!r} ends a thread's pending tasks: use POST /threads/{{thread_id}}/runs")
+            # `{}` is what useStream's submit({}, {command}) sends: no input.
+            if body.input or body.checkpoint or body.checkpoint_id:
+                field = "input" if body.input else "checkpoint"
+                raise RequestError(
+                    f"command.goto {END!r} takes no input/checkpoint: it ends the pending tasks at the thread's "
+                    f"head and runs nothing (got {field})",
+                    param=field,
+                )
         return entry, self._prepare(entry, body, principal)
+
+    @staticmethod
+    def _nothing_to_resolve(thread_id: str, status: str) -> ServingError:
+        return ServingError(
+            409,
+            f"thread {thread_id!r} has nothing to resolve: command.goto {END!r} ends an interrupt waiting for "
+            f"an answer, and none is (its status is {status!r})",
+        )
 
     async def check_run(self, thread_id: str | None, body: RunCreate, principal: Principal) -> None:
         """What `start_run` checks before it takes or writes anything (a batch checks
@@ -1264,6 +1363,8 @@ class LangGraphService:
             raise ServingError(
                 409, f"thread {thread_id!r} has no interrupt waiting for an answer (its status is {record.status!r})"
             )
+        if body.command is not None and _resolves(body.command) and (record is None or record.status != "interrupted"):
+            raise self._nothing_to_resolve(thread_id, record.status if record is not None else "new")
 
     async def start_run(
         self, thread_id: str | None, body: RunCreate, request_id: str, principal: Principal, deadline_s: float | None = None
@@ -1310,10 +1411,18 @@ class LangGraphService:
                 raise ServingError(
                     409, f"thread {thread_id!r} has no interrupt waiting for an answer (its status is {record.status!r})"
                 )
+            if prepared.resolve and record.status != "interrupted":
+                raise self._nothing_to_resolve(thread_id, record.status)
         keep = not stateless or body.on_completion == "keep"
         graph = entry.threaded if keep else self._scratch_graphs[entry.graph_id]
         graph = tenant_graph(graph, self._store, principal.tenant)
         assert graph is not None
+        if prepared.resolve:
+            # The checkpoint, not only the record: nothing pending means nothing to end
+            # (and LangGraph would refuse a run with no input on a thread with no state).
+            snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+            if not snapshot.interrupts:
+                raise self._nothing_to_resolve(thread_id, "interrupted, but its state has no pending interrupt")
         run_record = RunRecord(
             run_id=str(uuid.uuid4()),
             thread_id=thread_id if keep else None,  # a kept stateless run names the thread it made
@@ -1679,9 +1788,8 @@ class LangGraphService:
                 errors = _EventErrors(plan.run_id)
                 try:
                     if prepared.resolve:
-                        # LangGraph's "no values as END": the pending tasks (an interrupt
-                        # waiting for an answer) are dropped; the run below has nothing to do.
-                        await graph.aupdate_state(config, None, as_node=END)
+                        # The run below has nothing to do: it sends the state as it is.
+                        await self._resolve(graph, config, run, thread_id)
                     stream = graph_parts(
                         graph,
                         prepared.graph_input,

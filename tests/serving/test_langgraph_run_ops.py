@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import (
     BadRequestError,
@@ -23,6 +26,9 @@ from langgraph_sdk.errors import (
 )
 
 from serving.runs.registry import ThreadWatcher
+from tests.conftest import ServerHandle, create_key, start_server, stop_server, write_models_file
+from tests.fakes.graphs import PROBE_LOG_ENV
+from tests.fakes.openai_backend import RECEIVED
 from tests.serving.lg_ops_server import OpsServer, clients, ops_server, says  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
@@ -312,3 +318,157 @@ async def test_goto_end_resolves_an_interrupted_thread(clients: dict[str, LangGr
     # The thread goes on with a new question.
     values = await acme.runs.wait(tid, "chat", input=says("next"))
     assert values["messages"][-1]["type"] == "ai"
+    # Resolved already: nothing left to end (409), and the thread stays as it was.
+    again = await acme.http.client.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "confirm", "command": {"goto": "__end__"}})
+    assert again.status_code == 409 and "nothing to resolve" in again.json()["detail"], again.text
+    assert (await acme.threads.get(tid))["status"] == "idle"
+
+
+async def _asked(client: LangGraphClient) -> tuple[str, dict[str, Any]]:
+    """A thread of the confirm graph waiting at its interrupt, and its state."""
+    tid = (await client.threads.create())["thread_id"]
+    await client.runs.wait(tid, "confirm", input=says("hello"))
+    state = await client.threads.get_state(tid)
+    assert state["next"] == ["confirm"]
+    return tid, state
+
+
+@pytest.mark.parametrize("how", ["stream", "wait", "background"])
+async def test_goto_end_resolves_in_every_run_mode(clients: dict[str, LangGraphClient], how: str) -> None:
+    """Resolved by a streamed, a waited-for or a background run: the run succeeds with
+    the state's values (nothing ran), the thread is idle with nothing next."""
+    acme = clients["acme"]
+    tid, asked = await _asked(acme)
+    command = {"goto": "__end__"}
+    if how == "stream":
+        parts = [p async for p in acme.runs.stream(tid, "confirm", command=command, stream_mode=["values", "updates"])]
+        assert [p.event for p in parts if p.event == "error"] == []
+        values = [p.data for p in parts if p.event == "values"][-1]
+    elif how == "wait":
+        values = await acme.runs.wait(tid, "confirm", input={}, command=command)
+    else:
+        run = await acme.runs.create(tid, "confirm", command=command)
+        await acme.runs.join(tid, run["run_id"])
+        assert (await acme.runs.get(tid, run["run_id"]))["status"] == "success"
+        values = (await acme.threads.get_state(tid))["values"]
+    assert values["messages"] == asked["values"]["messages"]
+    state = await acme.threads.get_state(tid)
+    assert state["next"] == [] and state["interrupts"] == []
+    assert (await acme.threads.get(tid))["status"] == "idle"
+
+
+async def test_goto_end_with_nothing_pending_or_more_than_itself_is_refused(clients: dict[str, LangGraphClient]) -> None:
+    """No interrupt waiting (a new thread with no state, one created by the run, a
+    finished one): 409 naming that; with an input or a checkpoint: 400. Never a 500,
+    and the thread keeps its status (never ``error``)."""
+    acme = clients["acme"]
+    end = {"goto": "__end__"}
+
+    def post(tid: str, **body: Any) -> Any:
+        return acme.http.client.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "confirm", "command": end, **body})
+
+    fresh = (await acme.threads.create())["thread_id"]
+    refused = await post(fresh)
+    assert refused.status_code == 409 and "nothing to resolve" in refused.json()["detail"], refused.text
+    assert (await acme.threads.get(fresh))["status"] == "idle"
+    streamed = await acme.http.client.post(
+        f"/threads/{fresh}/runs/stream", json={"assistant_id": "confirm", "command": end, "stream_mode": ["values"]}
+    )
+    assert streamed.status_code == 409, streamed.text
+    created = str(uuid.uuid4())
+    refused = await post(created, if_not_exists="create")
+    assert refused.status_code == 409, refused.text
+
+    finished = (await acme.threads.create())["thread_id"]
+    await acme.runs.wait(finished, "chat", input=says("hi"))
+    refused = await post(finished)
+    assert refused.status_code == 409 and "'idle'" in refused.json()["detail"], refused.text
+    assert (await acme.threads.get(finished))["status"] == "idle"
+
+    tid, asked = await _asked(acme)
+    for body, field in [
+        ({"input": says("more")}, "input"),
+        ({"checkpoint": {"checkpoint_id": asked["checkpoint"]["checkpoint_id"]}}, "checkpoint"),
+        ({"checkpoint_id": asked["checkpoint"]["checkpoint_id"]}, "checkpoint"),
+    ]:
+        refused = await post(tid, **body)
+        assert refused.status_code == 400, refused.text
+        detail = refused.json()["detail"]
+        assert "takes no input/checkpoint" in detail and field in detail, detail
+    with pytest.raises(BadRequestError, match="takes no input/checkpoint"):
+        await acme.runs.create(tid, "confirm", input=says("more"), command=end)
+    assert (await acme.threads.get(tid))["status"] == "interrupted", "refused whole"
+    assert (await acme.threads.get_state(tid))["next"] == ["confirm"]
+
+
+# ---- the agent: a resolved approval -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def agent_server(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -> Iterator[tuple[ServerHandle, str, Path]]:
+    """The agent (with the probe tool, which needs a person's approval) on the scripted
+    backend: its server, a key, and the file the probe writes when it really runs."""
+    tmp = tmp_path_factory.mktemp("resolve-agent")
+    probe_log = tmp / "probe.log"
+    probe_log.write_text("")
+    models = write_models_file(tmp / "models.yaml", None, fake_backend_url, chat_default="fake-ok")
+    registry = yaml.safe_load(models.read_text())
+    registry["backends"]["fake-tools"] = {**registry["backends"]["fake-ok"], "model": "fake-tools"}
+    registry["aliases"]["fake-tools"] = "fake-tools"
+    models.write_text(yaml.safe_dump(registry))
+    settings: dict[str, Any] = {
+        "gateway": {"models_file": str(models)},
+        "graphs": {"agent": {"path": "tests.fakes.graphs:make_probe_agent", "model": "fake-tools", "tools": ["probe"]}},
+        "tools": {"require_approval": ["probe"]},
+        "auth": {"tenants": {"acme": {"graphs": ["*"]}}},
+    }
+    config = tmp / "switchyard.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp / "data"), **settings}))
+    key = create_key(config, "acme")
+    handle = start_server(tmp, settings, dev=False, env={PROBE_LOG_ENV: str(probe_log)})
+    try:
+        yield handle, key, probe_log
+    finally:
+        stop_server(handle)
+
+
+async def test_a_resolved_approval_answers_the_call_and_never_runs_it(
+    agent_server: tuple[ServerHandle, str, Path],
+) -> None:
+    """Agent Chat UI's "Mark as Resolved" on the agent's approval: the tool never runs,
+    the AI message's call is answered by a refused tool message (so the next turn
+    hands the model no unanswered call), and the next user turn is answered."""
+    handle, key, probe_log = agent_server
+    client = get_client(url=handle.url, api_key=key)
+    try:
+        tid = (await client.threads.create())["thread_id"]
+        await client.runs.wait(tid, "agent", input=says("probe"))
+        asked = await client.threads.get_state(tid)
+        assert asked["next"] and asked["interrupts"], asked
+        [call] = asked["values"]["messages"][-1]["tool_calls"]
+
+        parts = [
+            p async for p in client.runs.stream(tid, "agent", input={}, command={"goto": "__end__"},
+                                                stream_mode=["values", "messages-tuple"])
+        ]
+        assert [p.event for p in parts if p.event == "error"] == []
+        final = [p.data for p in parts if p.event == "values"][-1]
+        answer = final["messages"][-1]
+        assert answer["type"] == "tool" and answer["tool_call_id"] == call["id"] and answer["status"] == "error"
+        assert answer["artifact"]["decision"] == "refused" and "resolved" in answer["artifact"]["reason"]
+        assert "not run" in answer["content"]
+        state = await client.threads.get_state(tid)
+        assert state["next"] == [] and state["interrupts"] == [] and state["values"] == final
+        assert (await client.threads.get(tid))["status"] == "idle"
+        assert probe_log.read_text() == "", "the tool never ran"
+
+        received = len(RECEIVED)
+        values = await client.runs.wait(tid, "agent", input=says("thanks"))
+        assert values["messages"][-1]["type"] == "ai" and values["messages"][-1]["content"]
+        [turn] = [b for b in RECEIVED[received:] if b.get("model") == "fake-tools"]
+        roles = [m["role"] for m in turn["messages"]]
+        assert roles[-3:] == ["assistant", "tool", "user"], roles  # the call answered before the next turn
+        assert probe_log.read_text() == ""
+        assert (await client.threads.get(tid))["status"] == "idle"
+    finally:
+        await client.http.client.aclose()
