@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.vllm_metrics import LoadScraper, load_score
@@ -94,6 +97,87 @@ def _public_reason(reason: str) -> str:
         return "the backend" + url[len(url.rstrip(":,.;)")) :]  # keep the sentence's punctuation
 
     return _URL.sub(replace, reason)
+
+
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+_PROBES = frozenset({"/healthz", "/readyz"})
+
+
+def _host_name(value: str) -> str:
+    """A ``Host`` header's name or address without its port (``[::1]:8000`` -> ``::1``)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value[1:]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+class DevHostCheck:
+    """In ``dev`` (no keys), refuse a request whose ``Host`` is not a loopback name or
+    address (400, naming it): a web page whose name its owner re-points at 127.0.0.1
+    (DNS rebinding) is then same-origin with this server and could drive the API, but
+    its requests carry its own name as ``Host``.
+
+    With ``allow_remote_dev`` the configured ``host`` is allowed too, and when that is
+    a wildcard (``0.0.0.0``, ``::``) any IP address: a rebinding page always sends a
+    name; a client that typed the address is on the server's own origin.
+    """
+
+    def __init__(self, app: ASGIApp, server: ServerSettings) -> None:
+        self.app = app
+        self.remote = server.allow_remote_dev
+        configured = _host_name(server.host)
+        self.any_address = self.remote and configured in _WILDCARD_HOSTS
+        self.configured = configured if self.remote and configured not in _WILDCARD_HOSTS else None
+
+    def allowed(self, host: str) -> bool:
+        name = _host_name(host).rstrip(".")
+        address = _ip(name)
+        if name == "localhost" or name.endswith(".localhost") or (address is not None and address.is_loopback):
+            return True
+        if self.configured is not None and name == self.configured.rstrip("."):
+            return True
+        return self.any_address and address is not None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The probes hold nothing: an orchestrator probes by the pod's address.
+        if scope["type"] not in ("http", "websocket") or scope.get("path") in _PROBES:
+            await self.app(scope, receive, send)
+            return
+        hosts = [value for name, value in scope["headers"] if name.lower() == b"host"]
+        # No Host at all is not a browser (every browser sends one).
+        host = hosts[0].decode("latin-1") if len(hosts) == 1 else None
+        if not hosts or (host is not None and self.allowed(host)):
+            await self.app(scope, receive, send)
+            return
+        shown = host if host is not None else ", ".join(h.decode("latin-1") for h in hosts)
+        allowed = "localhost, 127.0.0.0/8 or [::1]"
+        if self.configured is not None:
+            allowed += f", or {self.configured}"
+        elif self.any_address:
+            allowed += ", or an IP address"
+        message = (
+            f"Host {shown!r} is not served in dev mode (no API keys): use {allowed}; "
+            "a page under another name could drive this server (DNS rebinding)"
+        )
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        path = scope.get("path", "")
+        if path == "/v1" or path.startswith("/v1/"):
+            error = {"message": message, "type": "invalid_request_error", "param": "host", "code": "invalid_host"}
+            body = json.dumps({"error": error}).encode()
+        else:
+            body = json.dumps({"detail": message}).encode()
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def _tune_gc() -> None:
@@ -271,6 +355,8 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         redoc_url="/redoc" if public_docs else None,
     )
     app.state.drain = Drain()  # begun by the server on SIGTERM (serving/cli.py)
+    # LangGraph API bodies labelled text/plain read as JSON (serving/langgraph_api/bodies.py).
+    app.state.proxy_text_bodies = settings.server.proxy_text_bodies
     app.add_middleware(BodySizeLimit, max_bytes=settings.server.max_body_bytes)
     tracing = open_tracing(settings.tracing)
     if isinstance(tracing, Tracing):
@@ -285,6 +371,9 @@ def create_app(settings: Settings, *, platform: Platform | None = None, run_hook
         # so a preflight has an id too. The connection limits' 431 and 408 are sent
         # before any middleware: serving/http.py adds the same headers (`cors_refusal_headers`).
         app.add_middleware(CORSMiddleware, **cors)
+    if settings.server.dev:
+        # Outside CORS: a rebinding page is same-origin, so CORS would not stop it.
+        app.add_middleware(DevHostCheck, server=settings.server)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so even a 413 has an id
     install_error_handlers(app)
     app.include_router(openai_router)

@@ -136,6 +136,16 @@ class ServerSettings(BaseModel):
     cors_allow_credentials: bool = False
     """Send ``Access-Control-Allow-Credentials: true`` (only useful to browsers that
     send cookies or HTTP auth, which this API does not read); refused with ``*``."""
+    proxy_text_bodies: bool = False
+    """Read a keyed LangGraph API request's ``text/plain`` (or unlabelled) body as JSON,
+    as LangGraph Server does. Turn on only behind a proxy you guard that forwards bodies
+    as text, e.g. Agent Chat UI's production passthrough (its ``/api`` route), and
+    make that proxy check ``Origin`` / ``Sec-Fetch-Site``: it adds the key itself, so
+    a hostile page's form or ``no-cors`` fetch to it would otherwise arrive keyed.
+    Even on, only ``x-api-key`` or ``authorization: Bearer`` counts as a key, and a
+    request a browser marks as simple or cross-site (``sec-fetch-mode: navigate`` /
+    ``no-cors``, ``sec-fetch-site: cross-site``) is not relabelled (see
+    ``serving/langgraph_api/bodies.py``). Off: such bodies get 422."""
 
     @field_validator("cors_origins")
     @classmethod

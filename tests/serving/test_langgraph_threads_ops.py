@@ -9,14 +9,19 @@ progress exactly while a test needs it."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
+import orjson
 import pytest
+import yaml
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import BadRequestError, ConflictError, NotFoundError, UnprocessableEntityError
 
 from serving.runs.registry import RunRecord, RunRegistry
 from serving.errors import ServingError
+from tests.conftest import ServerHandle, create_key, start_server, stop_server, write_models_file
 from tests.serving.lg_ops_server import BLOCKED, OpsServer, clients, ops_server, says  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.e2e
@@ -280,15 +285,49 @@ async def test_other_tenants_threads_are_404_on_every_new_route(clients: dict[st
         await globex.threads.get(tid)
 
 
-async def test_a_keyed_text_plain_body_is_read_as_json(ops_server: OpsServer) -> None:
+async def test_a_text_plain_body_is_refused_by_default(ops_server: OpsServer) -> None:
+    """``server.proxy_text_bodies`` is off by default: a keyed ``text/plain`` body is the
+    422 FastAPI gives any body that is not labelled JSON (as before the proxy support)."""
+    key = ops_server.keys["acme"]
+    async with httpx.AsyncClient(base_url=ops_server.handle.url) as http:
+        for label in ("text/plain;charset=UTF-8", None):
+            headers = {"x-api-key": key, **({"content-type": label} if label else {})}
+            refused = await http.post("/threads", content='{"metadata": {"via": "proxy"}}', headers=headers)
+            assert refused.status_code == 422, (label, refused.text)
+
+
+@pytest.fixture(scope="module")
+def proxied(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -> Iterator[tuple[ServerHandle, str]]:
+    """A server with ``server.proxy_text_bodies`` on (as behind Agent Chat UI's
+    production proxy), keys on: its handle and a key."""
+    tmp = tmp_path_factory.mktemp("proxy-bodies")
+    models = write_models_file(tmp / "models.yaml", None, fake_backend_url, chat_default="fake-ok")
+    settings: dict[str, Any] = {
+        "gateway": {"models_file": str(models)},
+        "graphs": {"chat": {"path": "graphs.chat:make_graph", "model": "chat-default"}},
+        "auth": {"tenants": {"acme": {"graphs": ["*"]}}},
+        "server": {"proxy_text_bodies": True},
+    }
+    config = tmp / "switchyard.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp / "data"), **settings}))
+    key = create_key(config, "acme")
+    handle = start_server(tmp, settings, dev=False)
+    try:
+        yield handle, key
+    finally:
+        stop_server(handle)
+
+
+async def test_a_keyed_text_plain_body_is_read_as_json_behind_a_proxy(proxied: tuple[ServerHandle, str]) -> None:
     """Agent Chat UI's production proxy (``langgraph-nextjs-api-passthrough``) forwards a
     body as text and drops the SDK's ``content-type``: its ``fetch`` labels it
-    ``text/plain;charset=UTF-8``. A keyed request's body is JSON whatever that label
-    says (as LangGraph Server reads it); an unkeyed one is refused (401), never parsed
-    into a run, and a label that is neither JSON nor text keeps its 422."""
-    key = ops_server.keys["acme"]
+    ``text/plain;charset=UTF-8``. With ``server.proxy_text_bodies`` a keyed request's
+    body is JSON whatever that label says (as LangGraph Server reads it); an unkeyed
+    one is refused (401), never parsed into a run, and a label that is neither JSON nor
+    text keeps its 422."""
+    handle, key = proxied
     raw = '{"metadata": {"via": "proxy"}}'
-    async with httpx.AsyncClient(base_url=ops_server.handle.url) as http:
+    async with httpx.AsyncClient(base_url=handle.url) as http:
         for label in ("text/plain;charset=UTF-8", "text/plain", None):
             headers = {"x-api-key": key, **({"content-type": label} if label else {})}
             created = await http.post("/threads", content=raw, headers=headers)
@@ -299,11 +338,11 @@ async def test_a_keyed_text_plain_body_is_read_as_json(ops_server: OpsServer) ->
             found = await http.post("/threads/search", content='{"metadata": {"via": "proxy"}, "limit": 100}', headers=bearer)
             assert found.status_code == 200, found.text
             assert tid in [t["thread_id"] for t in found.json()]
-        # A run and the history, as the proxy forwards them.
+        # A run and the history, as the proxy forwards them (same-origin fetch marks are fine).
         text = {"x-api-key": key, "content-type": "text/plain;charset=UTF-8"}
         ran = await http.post(
             f"/threads/{tid}/runs/wait", content='{"assistant_id": "chat", "input": {"messages": [{"role": "user", "content": "hi"}]}}',
-            headers=text,
+            headers={**text, "sec-fetch-mode": "cors", "sec-fetch-site": "same-origin"},
         )
         assert ran.status_code == 200, ran.text
         assert ran.json()["messages"][-1]["type"] == "ai"
@@ -317,3 +356,44 @@ async def test_a_keyed_text_plain_body_is_read_as_json(ops_server: OpsServer) ->
         assert unkeyed.status_code == 401, unkeyed.text
         form = await http.post("/threads", content=raw, headers={"x-api-key": key, "content-type": "application/x-www-form-urlencoded"})
         assert form.status_code == 422, form.text
+
+
+async def test_behind_a_proxy_a_browser_s_own_request_is_not_relabelled(proxied: tuple[ServerHandle, str]) -> None:
+    """What a hostile page can make a browser send through the proxy (which adds the key):
+    a ``<form enctype=text/plain>`` (``sec-fetch-mode: navigate``), a ``no-cors`` fetch,
+    anything ``sec-fetch-site: cross-site``; and credentials the browser adds by itself
+    (Basic) are not a key. None of these bodies is read: 422, nothing created."""
+    handle, key = proxied
+    raw = '{"metadata": {"via": "hostile"}}'
+    text = {"x-api-key": key, "content-type": "text/plain"}
+    async with httpx.AsyncClient(base_url=handle.url) as http:
+        for marks in (
+            {"sec-fetch-mode": "navigate", "sec-fetch-site": "same-origin"},
+            {"sec-fetch-mode": "no-cors", "sec-fetch-site": "same-origin"},
+            {"sec-fetch-mode": "cors", "sec-fetch-site": "cross-site"},
+            {"Sec-Fetch-Site": "Cross-Site"},
+        ):
+            refused = await http.post("/threads", content=raw, headers={**text, **marks})
+            assert refused.status_code == 422, (marks, refused.text)
+        # Basic credentials are no key: nothing relabelled, and no key either (401).
+        basic = await http.post("/threads", content=raw, headers={"authorization": "Basic dXNlcjpwdw==", "content-type": "text/plain"})
+        assert basic.status_code == 401, basic.text
+        found = await http.post("/threads/search", json={"metadata": {"via": "hostile"}}, headers={"x-api-key": key})
+        assert found.status_code == 200 and found.json() == [], found.text
+
+
+async def test_behind_a_proxy_a_store_item_is_deleted_with_a_text_body(proxied: tuple[ServerHandle, str]) -> None:
+    """The SDK's ``store.deleteItem`` sends its JSON body with DELETE; the proxy labels
+    it ``text/plain`` like any other."""
+    handle, key = proxied
+    text = {"x-api-key": key, "content-type": "text/plain;charset=UTF-8"}
+    item = {"namespace": ["notes", "proxy"], "key": "k1"}
+    async with httpx.AsyncClient(base_url=handle.url) as http:
+        put = await http.put("/store/items", content=orjson.dumps({**item, "value": {"text": "hi"}}), headers=text)
+        assert put.status_code == 204, put.text
+        got = await http.get("/store/items", params={"namespace": "notes.proxy", "key": "k1"}, headers={"x-api-key": key})
+        assert got.status_code == 200 and got.json()["value"] == {"text": "hi"}, got.text
+        deleted = await http.request("DELETE", "/store/items", content=orjson.dumps(item), headers=text)
+        assert deleted.status_code == 204, deleted.text
+        gone = await http.get("/store/items", params={"namespace": "notes.proxy", "key": "k1"}, headers={"x-api-key": key})
+        assert gone.status_code == 200 and gone.json() is None, gone.text
