@@ -84,7 +84,11 @@ class ServerSettings(BaseModel):
     allow_remote_dev: bool = False
     """Let ``dev`` (no keys) listen on a non-loopback interface (``serve
     --allow-remote-dev``): anyone who reaches the port can use every graph and model.
-    The server still warns at start."""
+    The server still warns at start. In ``dev`` a request's ``Host`` must be a loopback
+    name or address (a page that re-points its name at the server, DNS rebinding, would
+    otherwise drive it); with this on, ``host`` is accepted too, and when ``host`` is
+    ``0.0.0.0`` or ``::`` any IP address: reach a remote dev server by its address, or
+    set ``host`` to the name you type (``devbox.lan``)."""
     public_api_docs: bool = False
     """With keys on: also serve ``/openapi.json``, ``/docs`` and ``/redoc`` without a
     key. Default: ``/openapi.json`` needs a key and the ``/docs``/``/redoc`` pages
