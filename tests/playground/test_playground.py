@@ -492,6 +492,10 @@ def test_server_stopped_shows_server_down(page: Page, doomed_server: Playground)
     expect(page.locator("#send")).to_be_enabled()
 
 
+_KEY_KEPT = """(key) => [localStorage, sessionStorage].some((area) => Object.values(area).some((v) => v.includes(key)))"""
+"""Whether the browser keeps ``key`` anywhere the page can store it."""
+
+
 def test_auth_key_field(page: Page, keyed_server: Playground) -> None:
     """With keys on, the page asks for one: a wrong key shows an auth error, the right
     one lists the graphs and runs them; the key survives a reload until forgotten."""
@@ -514,13 +518,13 @@ def test_auth_key_field(page: Page, keyed_server: Playground) -> None:
     expect(answer.locator(".text")).to_have_text(FAKE_ANSWER)
     assert meta(answer, "backend") == "fake-ok"
 
-    page.reload()
+    page.reload()  # the key is kept (in this tab at least)
     expect(page.locator("body")).to_have_attribute("data-ready", "true")
     expect(page.locator("#graph-select option")).to_have_count(len(app.assistants))
-    assert page.evaluate("(key) => Object.values(localStorage).some((v) => v.includes(key))", key)
+    assert page.evaluate(_KEY_KEPT, key)
 
     page.locator("#forget-key").click()
-    assert not page.evaluate("(key) => Object.values(localStorage).some((v) => v.includes(key))", key)
+    assert not page.evaluate(_KEY_KEPT, key)
     page.reload()
     expect(page.locator("#auth")).to_be_visible()
     expect(page.locator("#graph-select option")).to_have_count(0)
