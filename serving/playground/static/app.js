@@ -700,6 +700,7 @@
   function newRun() {
     return {
       runId: null, requestId: null, backend: null, ended: false, cancelled: false, failed: false,
+      threadId: null, cancelSent: false,
       lastEventId: null,   // the last event id seen: a rejoin resumes after it
       cut: false,          // the server said to reconnect (a board outage, a drain)
       wake: null,          // ends a pause between reconnections early (Stop)
@@ -755,6 +756,7 @@
     if (base !== name && base !== "messages" && base !== "error") return;
     if (base === "metadata") {
       if (data && data.run_id) run.runId = String(data.run_id);
+      if (run.cancelled && run.runId) sendCancel(run);
       if (!run.backend && data && data.switchyard_backend) run.backend = String(data.switchyard_backend);
     } else if (base === "messages") {
       if (Array.isArray(data)) onChunk(run, data[0]);
@@ -801,6 +803,7 @@
     setStatus(joinRunId ? "busy: joining the running run…" : "streaming…");
     try {
       const threadId = await ensureThread();
+      run.threadId = threadId;
       let response;
       if (joinRunId) {
         run.runId = joinRunId;
@@ -859,6 +862,7 @@
     run.requestId = run.requestId || response.headers.get("x-request-id"); // a rejoin keeps the first
     run.backend = response.headers.get("x-switchyard-backend") || run.backend;
     run.runId = runIdFrom(response.headers.get("content-location")) || run.runId;
+    if (run.cancelled && run.runId) sendCancel(run); // Stop was pressed before the id was known
   }
 
   /** The run's stream after the last event seen (all of it for a first join). */
@@ -917,7 +921,8 @@
         caughtUp = true;
       } else {
         if (tries >= REJOIN_TRIES) {
-          throw lost || new ApiFailure("error", `The run ${run.runId} goes on, but its stream keeps closing; reopen the thread to follow it.`);
+          if (lost) throw new ApiFailure(lost.kind, `${lost.message} The run may still be going on: reload the page to follow it.`, lost.status);
+          throw new ApiFailure("error", `The run ${run.runId} goes on, but its stream keeps closing; reopen the thread to follow it.`);
         }
         setStatus(`reconnecting to the run… (${tries + 1} of ${REJOIN_TRIES})`);
         await pause(run, REJOIN_WAIT_MS[Math.min(tries, REJOIN_WAIT_MS.length - 1)]);
@@ -956,15 +961,29 @@
     } catch { /* shown as "—" */ }
   }
 
+  /**
+   * Stop: cancel the run on the server. Its stream goes on until the run ends (with a
+   * RunCancelled error event). Pressed before the run's id is known (the response
+   * starts once the answering backend is known, or after the keep-alive interval), the
+   * cancel is sent when the id arrives: aborting the request alone would leave the run
+   * going, since runs are started with on_disconnect "continue".
+   */
   async function cancelRun() {
     const run = state.run;
-    if (!run || run.ended) return;
+    if (!run || run.ended || run.cancelled) return;
     run.cancelled = true;
     setStatus("cancelling…");
     if (run.wake) run.wake(); // between two connections: stop reconnecting
-    if (run.runId && state.threadId) {
+    if (run.runId) await sendCancel(run);
+  }
+
+  async function sendCancel(run) {
+    if (run.cancelSent || run.ended) return;
+    run.cancelSent = true;
+    const threadId = run.threadId || state.threadId;
+    if (threadId) {
       try {
-        await api("POST", `/threads/${enc(state.threadId)}/runs/${enc(run.runId)}/cancel`, {});
+        await api("POST", `/threads/${enc(threadId)}/runs/${enc(run.runId)}/cancel`, {});
         return; // the stream ends with the run
       } catch (exc) {
         if (exc instanceof ApiFailure && exc.status !== 404 && exc.status !== 409) showError(exc);
