@@ -612,7 +612,12 @@ describe("Agent Chat UI: approvals", () => {
     assert.equal((await sdk.threads.get(session.threadId)).status, "idle");
     const state = await sdk.threads.getState(session.threadId);
     assert.deepEqual(state.next, []);
-    // The next message answers the open call as the UI does, and the agent goes on.
+    // The call is answered as refused (so no backend meets an unanswered tool call).
+    const answered = state.values.messages.at(-1);
+    assert.equal(answered.type, "tool");
+    assert.equal(answered.artifact?.decision, "refused", JSON.stringify(answered));
+    assert.deepEqual(toolResponses(session.messages), [], "no open call left for the UI to answer");
+    // The next message goes on from there, and the agent answers.
     await session.submit({ messages: [...toolResponses(session.messages), humanMessage("Thanks")] }, SEND);
     assert.equal(text(session.messages.at(-1)), HELLO);
   });

@@ -190,6 +190,9 @@ def js_server(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) -
         },
         "tools": {"require_approval": ["probe"]},
         "auth": {"tenants": TENANTS},
+        # agent_chat_ui.test.mjs drives the calls as Agent Chat UI's production proxy
+        # sends them (text/plain bodies), which a server behind that proxy turns on.
+        "server": {"proxy_text_bodies": True},
     }
     config = tmp / "switchyard.yaml"
     config.write_text(yaml.safe_dump({"data_dir": str(tmp / "data"), **settings}))
