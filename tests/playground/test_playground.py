@@ -420,6 +420,29 @@ def test_stop_cancels_the_run(page: Page, playground_server: Playground) -> None
     assert all(r["status"] != "success" for r in runs), runs
 
 
+def test_stop_at_once_cancels_the_run(page: Page, playground_server: Playground) -> None:
+    """Stop pressed while the page does not know the run's id yet (the server starts a
+    stream's response once the answering backend is known, or after its keep-alive
+    interval) still cancels the run on the server, not only the page's request."""
+    app = playground_server
+    open_playground(page, app)
+    choose_graph(page, app, "sleeper")
+    send(page, "Take your time.")
+    thread_id = thread_in_url(page)
+    try:
+        deadline = time.monotonic() + 10
+        while not thread_runs(app, thread_id):  # the run exists; its response has not started
+            assert time.monotonic() < deadline, "the page started no run"
+            time.sleep(0.05)
+        page.locator("#stop").click()
+        expect(page.locator("#status")).to_contain_text(re.compile("cancel", re.I))
+        expect(page.locator("#send")).to_be_enabled()
+        runs = _wait_run_not_running(app, thread_id)
+        assert all(r["status"] != "success" for r in runs), runs
+    finally:
+        _cancel_runs(app, thread_id)
+
+
 def test_reload_during_a_run_shows_the_thread_busy(page: Page, playground_server: Playground) -> None:
     """A reload while the thread's run goes on reopens the thread as busy."""
     app = playground_server
@@ -494,11 +517,15 @@ def test_server_stopped_shows_server_down(page: Page, doomed_server: Playground)
 
 _KEY_KEPT = """(key) => [localStorage, sessionStorage].some((area) => Object.values(area).some((v) => v.includes(key)))"""
 """Whether the browser keeps ``key`` anywhere the page can store it."""
+_KEY_REMEMBERED = """(key) => Object.values(localStorage).some((v) => v.includes(key))"""
+"""Whether ``key`` is kept for every tab of this browser (``#remember-key``)."""
 
 
 def test_auth_key_field(page: Page, keyed_server: Playground) -> None:
     """With keys on, the page asks for one: a wrong key shows an auth error, the right
-    one lists the graphs and runs them; the key survives a reload until forgotten."""
+    one lists the graphs and runs them. The key is kept for the tab (a reload keeps
+    it, another tab asks again) or, with "remember", for the browser; "Forget key"
+    removes it."""
     app = keyed_server
     page.goto(f"{app.url}/playground")
     expect(page.locator("#auth")).to_be_visible()
@@ -518,16 +545,35 @@ def test_auth_key_field(page: Page, keyed_server: Playground) -> None:
     expect(answer.locator(".text")).to_have_text(FAKE_ANSWER)
     assert meta(answer, "backend") == "fake-ok"
 
-    page.reload()  # the key is kept (in this tab at least)
+    page.reload()  # the key is kept for this tab
     expect(page.locator("body")).to_have_attribute("data-ready", "true")
     expect(page.locator("#graph-select option")).to_have_count(len(app.assistants))
     assert page.evaluate(_KEY_KEPT, key)
+    assert not page.evaluate(_KEY_REMEMBERED, key), "kept in localStorage without 'remember'"
+    other = page.context.new_page()  # another tab of the same browser asks again
+    other.goto(f"{app.url}/playground")
+    expect(other.locator("#auth")).to_be_visible()
+    expect(other.locator("#graph-select option")).to_have_count(0)
+    other.close()
 
     page.locator("#forget-key").click()
     assert not page.evaluate(_KEY_KEPT, key)
     page.reload()
     expect(page.locator("#auth")).to_be_visible()
     expect(page.locator("#graph-select option")).to_have_count(0)
+
+    # Remembered on this browser: every tab has it, until one forgets it.
+    page.locator("#remember-key").check()
+    sign_in(page, key)
+    expect(page.locator("#graph-select option")).to_have_count(len(app.assistants))
+    assert page.evaluate(_KEY_REMEMBERED, key)
+    other = page.context.new_page()
+    other.goto(f"{app.url}/playground")
+    expect(other.locator("body")).to_have_attribute("data-ready", "true")
+    expect(other.locator("#graph-select option")).to_have_count(len(app.assistants))
+    other.locator("#forget-key").click()
+    assert not other.evaluate(_KEY_KEPT, key)
+    other.close()
 
 
 def test_rate_limited_shows_retry_after(page: Page, keyed_server: Playground) -> None:
