@@ -6,7 +6,8 @@ Debian's package); Playwright never downloads one. One browser serves the whole 
 every test gets a fresh context (its own localStorage), and a failing test leaves a
 screenshot in ``test-artifacts/`` (repo root, ignored by git).
 
-Two servers, started once per module:
+Two servers started once per module, and a third that one test stops
+(``doomed_server``):
 
 - ``playground_server`` (``--dev``, no keys): ``chat`` on the real local model (SmolLM2,
   answers capped at a few dozen tokens), ``agent`` on the FAKE scripted backend (its
