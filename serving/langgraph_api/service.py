@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, get_args
 
 import orjson
+from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.constants import END
@@ -414,6 +415,17 @@ def _unanswered_calls(values: Any) -> list[dict[str, Any]]:
             answered = {m.tool_call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
             return [call for call in message.tool_calls if call.get("id") and call["id"] not in answered]
     return []
+
+
+async def _state_parts(
+    graph: Pregel[Any, Any, Any, Any], config: dict[str, Any], stream_mode: Sequence[str]
+) -> AsyncIterator[dict[str, Any]]:
+    """A resolve's stream (``command.goto: "__end__"``): the thread's state once, as the
+    ``values`` part a run that ran nothing would end with; no other part."""
+    if "values" not in stream_mode:
+        return
+    snapshot = await graph.aget_state(config)
+    yield {"type": "values", "ns": (), "data": snapshot.values, "interrupts": ()}
 
 
 def _plain_node(graph: Pregel[Any, Any, Any, Any], preferred: Sequence[str]) -> str | None:
@@ -1250,6 +1262,13 @@ class LangGraphService:
             log.info("run %s on thread %s: command.goto __end__ found nothing pending", run.plan.run_id, thread_id)
             return
         calls = _unanswered_calls(snapshot.values)
+        if calls and not isinstance(graph.channels.get("messages"), BinaryOperatorAggregate):
+            # Written without a reducer, the answers would replace the conversation.
+            log.warning(
+                "run %s on thread %s: command.goto __end__ leaves %d tool call(s) unanswered: "
+                "the graph's messages channel has no reducer", run.plan.run_id, thread_id, len(calls),
+            )
+            calls = []
         interrupted = [task.name for task in snapshot.tasks if task.interrupts]
         node = _plain_node(graph, interrupted) if calls else None
         steps: list[list[GraphUpdate]] = [[GraphUpdate(None, END)]]
@@ -1266,6 +1285,15 @@ class LangGraphService:
             ]
             steps += [[GraphUpdate({"messages": answers}, node)], [GraphUpdate(None, END)]]
         await graph.abulk_update_state(config, steps)
+        # Ending the tasks also applies the writes of tasks that finished beside the
+        # interrupted one, which can schedule more: end those too (nothing ever runs).
+        for attempt in range(4):
+            if not (await graph.aget_state(config)).next:
+                break
+            if attempt == 3:
+                log.warning("run %s on thread %s: command.goto __end__ left tasks pending", run.plan.run_id, thread_id)
+                break
+            await graph.aupdate_state(config, None, as_node=END)
         sink = run.context().on_tool_call
         for call in calls if node is not None else ():
             if sink is not None:
@@ -1788,18 +1816,21 @@ class LangGraphService:
                 errors = _EventErrors(plan.run_id)
                 try:
                     if prepared.resolve:
-                        # The run below has nothing to do: it sends the state as it is.
+                        # Nothing runs: the graph is never invoked (the thread's tasks
+                        # are ended by `_resolve`), and the run sends the state as it is.
                         await self._resolve(graph, config, run, thread_id)
-                    stream = graph_parts(
-                        graph,
-                        prepared.graph_input,
-                        config,
-                        context=run.context(),
-                        stream_mode=[*lib_modes, "updates"] if watch else lib_modes,
-                        subgraphs=body.stream_subgraphs,
-                        events="events" in modes,
-                        **stops,
-                    )
+                        stream = _state_parts(graph, config, lib_modes)
+                    else:
+                        stream = graph_parts(
+                            graph,
+                            prepared.graph_input,
+                            config,
+                            context=run.context(),
+                            stream_mode=[*lib_modes, "updates"] if watch else lib_modes,
+                            subgraphs=body.stream_subgraphs,
+                            events="events" in modes,
+                            **stops,
+                        )
                     guard = run.guard
                     event_streams = GuardStreams(guard)
                     async with aclosing(run.events(stream)) as parts:

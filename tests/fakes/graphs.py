@@ -52,6 +52,32 @@ def make_confirm_graph(deps: GraphDeps) -> StateGraph[ChatState]:
     return builder
 
 
+def make_parallel_confirm_graph(deps: GraphDeps) -> StateGraph[ChatState]:
+    """Two branches from the start: ``ask`` (a subgraph that asks with ``interrupt``)
+    and ``other`` (finishes at once); ``after`` follows each and appends a message, so
+    a test sees whether it ran. Ending the pending ``ask`` also applies ``other``'s
+    write, which schedules ``after``: what ``command.goto: "__end__"`` must not run."""
+
+    def inner(state: ChatState) -> dict[str, Any]:
+        interrupt({"question": "Go on?"})
+        return {}
+
+    ask = StateGraph(ChatState)
+    ask.add_node("inner", inner)
+    ask.add_edge(START, "inner")
+
+    builder = StateGraph(ChatState)
+    builder.add_node("ask", ask.compile())
+    builder.add_node("other", lambda state: {"messages": [AIMessage("other ran")]})
+    builder.add_node("after", lambda state: {"messages": [AIMessage("after ran")]})
+    builder.add_edge(START, "ask")
+    builder.add_edge(START, "other")
+    builder.add_edge("other", "after")
+    builder.add_edge("ask", "after")
+    builder.add_edge("after", END)
+    return builder
+
+
 # ---- tool-calling: tools that prove what ran ------------------------------------------
 
 PROBE_LOG_ENV = "SWITCHYARD_TEST_PROBE_LOG"

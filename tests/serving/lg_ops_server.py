@@ -57,6 +57,7 @@ def ops_server(tmp_path_factory: pytest.TempPathFactory, fake_backend_url: str) 
             "gated": {"path": "tests.fakes.gated:make_gated_graph", "model": "chat-default"},
             "nested": {"path": "tests.fakes.gated:make_nested_graph", "model": "chat-default"},
             "confirm": {"path": "tests.fakes.graphs:make_confirm_graph", "model": "chat-default"},
+            "parallel_confirm": {"path": "tests.fakes.graphs:make_parallel_confirm_graph", "model": "chat-default"},
             "memory": {"path": "tests.fakes.memory:make_memory_graph", "model": "chat-default"},
         },
         "auth": {"tenants": TENANTS},

@@ -357,6 +357,26 @@ async def test_goto_end_resolves_in_every_run_mode(clients: dict[str, LangGraphC
     assert (await acme.threads.get(tid))["status"] == "idle"
 
 
+async def test_goto_end_never_runs_a_node_a_parallel_branch_scheduled(clients: dict[str, LangGraphClient]) -> None:
+    """A subgraph asks while a parallel branch finished: ending the pending task also
+    applies the finished branch's write, which schedules the node after both. The
+    resolve ends that too, and nothing runs (the run only sends the state)."""
+    acme = clients["acme"]
+    tid = (await acme.threads.create())["thread_id"]
+    await acme.runs.wait(tid, "parallel_confirm", input=says("hello"))
+    asked = await acme.threads.get_state(tid)
+    assert asked["interrupts"], asked
+    parts = [p async for p in acme.runs.stream(
+        tid, "parallel_confirm", command={"goto": "__end__"}, stream_mode=["values", "updates"])]
+    assert [p.data for p in parts if p.event == "error"] == []
+    assert [p for p in parts if p.event == "updates"] == [], "no node ran"
+    state = await acme.threads.get_state(tid)
+    contents = [m["content"] for m in state["values"]["messages"]]
+    assert "after ran" not in contents, contents
+    assert state["next"] == [] and state["interrupts"] == []
+    assert (await acme.threads.get(tid))["status"] == "idle"
+
+
 async def test_goto_end_with_nothing_pending_or_more_than_itself_is_refused(clients: dict[str, LangGraphClient]) -> None:
     """No interrupt waiting (a new thread with no state, one created by the run, a
     finished one): 409 naming that; with an input or a checkpoint: 400. Never a 500,
