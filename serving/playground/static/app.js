@@ -145,8 +145,12 @@
     if (status === 503 && EMBEDDER.test(text)) {
       return new ApiFailure("backend_down", `${embedderSentence(text)}: ${text}`, status);
     }
-    if (status === 502 || (status === 503 && MODEL_BACKEND.test(text))) {
+    if ((status === 502 || status === 503) && MODEL_BACKEND.test(text)) {
       return new ApiFailure("backend_down", `${backendSentence(backend, text)}: ${text}`, status);
+    }
+    if (status === 502) {
+      // Not Switchyard's wording: a proxy in front of it answered (Switchyard down?).
+      return new ApiFailure("server_down", `A proxy in front of Switchyard answered 502 (Bad Gateway): the server may be down. ${text}`, status);
     }
     if (status === 503) {
       const wait = retryAfter ? ` Try again in ${retryAfter} s.` : "";
@@ -685,10 +689,13 @@
     el.stop.disabled = !on;
   }
 
+  /** Wait ``ms`` between two connections; Stop ends the wait at once (also when it
+   * was pressed just before, while the page was asking the run's status). */
   function pause(run, ms) {
+    if (run.cancelled) return Promise.resolve();
     return new Promise((resolve) => {
-      const timer = setTimeout(resolve, ms);
-      run.wake = () => { clearTimeout(timer); resolve(); };
+      const timer = setTimeout(() => { run.wake = null; resolve(); }, ms);
+      run.wake = () => { clearTimeout(timer); run.wake = null; resolve(); };
     });
   }
 
@@ -1101,7 +1108,9 @@
       const thread = await api("GET", `/threads/${enc(threadId)}`);
       if (!thread || thread.status !== "busy") return { busy: false, runId: null };
       const runs = await api("GET", `/threads/${enc(threadId)}/runs?limit=10`);
-      const running = (runs || []).find((r) => ACTIVE.has(r.status));
+      // The run going on, rather than one queued behind it (newest first).
+      const listed = runs || [];
+      const running = listed.find((r) => r.status === "running") || listed.find((r) => ACTIVE.has(r.status));
       return { busy: true, runId: running ? running.run_id : null };
     } catch {
       return { busy: false, runId: null };
